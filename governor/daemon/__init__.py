@@ -1,0 +1,1 @@
+"""governor.daemon: the service around the loop: engine supervision, control socket, systemd and Termux."""

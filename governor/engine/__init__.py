@@ -1,0 +1,1 @@
+"""governor.engine: llama-cpp-python behind an OpenAI-compatible local socket."""

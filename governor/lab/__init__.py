@@ -1,0 +1,1 @@
+"""governor.lab: simulated devices, workloads, experiments on a virtual clock."""

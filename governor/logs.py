@@ -1,0 +1,35 @@
+"""structlog, configured once: JSON lines when stderr is not a TTY (journald, Termux logs), console on a TTY."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TextIO
+
+import structlog
+
+
+def configure(*, json: bool | None = None, level: int = logging.INFO, stream: TextIO | None = None) -> None:
+    out = stream if stream is not None else sys.stderr
+    as_json = not out.isatty() if json is None else json
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer(colors=out.isatty())
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(out),
+        cache_logger_on_first_use=False,
+    )
+
+
+def reset() -> None:
+    """Back to structlog's defaults; the tests' autouse fixture calls this."""
+    structlog.reset_defaults()
+    structlog.contextvars.clear_contextvars()

@@ -1,0 +1,85 @@
+"""The one loop: sample -> decide -> apply. The daemon runs it on a real clock, the simulator on a virtual one."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import structlog
+
+from governor.clock import Clock
+from policies.decision import Decision, EngineConfig, Hold
+from sensors.snapshot import EngineObservation, Snapshot
+
+
+class SensorSource(Protocol):
+    def sample(self) -> Snapshot: ...
+
+
+class Decider(Protocol):
+    """The policy core (`policies`): pure; its only inputs are these arguments."""
+
+    def decide(
+        self, snapshot: Snapshot, engine: EngineObservation | None, t: float, holds: Sequence[Hold] = ()
+    ) -> Decision: ...
+
+    def interval_s(self, decision: Decision) -> float:
+        """How long until the next tick (shorter while mitigating, like the kernel's 100 ms / 1 s ticks)."""
+        ...
+
+
+class EngineControl(Protocol):
+    def observe(self) -> EngineObservation | None: ...
+
+    def apply(self, config: EngineConfig) -> None: ...
+
+
+TickListener = Callable[[float, Snapshot, EngineObservation | None, Decision], None]
+
+
+class GovernorLoop:
+    def __init__(
+        self,
+        sensors: SensorSource,
+        decider: Decider,
+        engine: EngineControl,
+        clock: Clock,
+        *,
+        holds: Callable[[float], Sequence[Hold]] = lambda _t: (),
+        listeners: Sequence[TickListener] = (),
+    ) -> None:
+        self.sensors = sensors
+        self.decider = decider
+        self.engine = engine
+        self.clock = clock
+        self._holds = holds
+        self.listeners = list(listeners)
+        self.last: Decision | None = None
+        self._applied: EngineConfig | None = None
+        self.wake = threading.Event()  # set by udev events, a reload or a hold: tick now
+        self._log = structlog.get_logger("governor.loop")
+
+    def tick(self) -> Decision:
+        t = self.clock.now()
+        snapshot = self.sensors.sample()
+        observed = self.engine.observe()
+        decision = self.decider.decide(snapshot, observed, t, self._holds(t))
+        if decision.engine != self._applied:
+            self.engine.apply(decision.engine)
+            self._applied = decision.engine
+        if self.last is None or decision.state != self.last.state or decision.changed:
+            self._log.info(
+                "decision", state=decision.state.value, rule=decision.rule, reason=decision.reason, t=round(t, 3)
+            )
+        self.last = decision
+        for listener in self.listeners:
+            listener(t, snapshot, observed, decision)
+        return decision
+
+    def run(self, stop: threading.Event) -> None:
+        """Tick until `stop` is set; a set `wake` cuts the wait short. `stop` should also set `wake`."""
+        while not stop.is_set():
+            decision = self.tick()
+            self.clock.wait(self.wake, self.decider.interval_s(decision))
+            self.wake.clear()

@@ -1,0 +1,89 @@
+"""The typed readings every other part consumes: one `Snapshot` per sample.
+
+This is the contract of `governor sensors --json` and the line format of recorded traces. Unknown is `None`,
+never 0 or -1. Units are in the field names and converted once, at the edge (the backends).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+TempKind = Literal["thermal_zone", "hwmon", "battery", "psutil", "termux", "simulated"]
+
+
+class Trip(Frozen):
+    """A trip point the device itself declares (thermal zone trip types; hwmon `max` and `crit`)."""
+
+    type: str  # "passive", "critical", "hot", "active" (thermal zones), "max", "crit" (hwmon)
+    temp_c: float
+
+
+class Temperature(Frozen):
+    source: str  # where it came from, e.g. "thermal_zone0" or "hwmon2/temp1"
+    kind: TempKind
+    label: str  # the zone's type, the hwmon name/label, or the battery's name
+    temp_c: float | None
+    trips: tuple[Trip, ...] = ()
+
+
+class Battery(Frozen):
+    percent: float | None
+    charging: bool | None
+    plugged: bool | None  # on external power (mains/USB online, or the battery says so)
+    power_w: float | None  # magnitude of the power flowing in or out of the battery
+    temp_c: float | None
+    source: str  # "sysfs:BAT0", "termux", "psutil", "simulated"
+    energy_wh: float | None = None
+    energy_full_wh: float | None = None
+
+
+class Memory(Frozen):
+    total_bytes: int | None
+    available_bytes: int | None
+    swap_total_bytes: int | None = None
+    swap_free_bytes: int | None = None
+    psi_some_avg10: float | None = None  # % of the last 10 s some task stalled on memory
+    psi_full_avg10: float | None = None
+
+
+class Cpu(Frozen):
+    freq_ratio: float | None  # mean scaling_cur_freq / cpuinfo_max_freq over online CPUs
+    throttled: bool | None  # the frequency is held below its maximum (scaling_max_freq < cpuinfo_max_freq)
+    count: int | None = None
+    util_percent: float | None = None
+
+
+class Problem(Frozen):
+    path: str
+    reason: str
+
+
+class Snapshot(Frozen):
+    temperatures: tuple[Temperature, ...] = ()
+    battery: Battery | None = None
+    memory: Memory = Memory(total_bytes=None, available_bytes=None)
+    cpu: Cpu = Cpu(freq_ratio=None, throttled=None)
+    problems: tuple[Problem, ...] = ()
+
+
+class EngineObservation(Frozen):
+    """What the loop knows of the engine at a tick; optional in a trace line."""
+
+    busy: bool
+    tokens_per_s: float | None = None
+    model: str | None = None
+    rss_bytes: int | None = None
+
+
+class TraceRecord(Snapshot):
+    """One line of a recorded trace: a snapshot, its time and, optionally, what the engine was doing."""
+
+    t: float
+    engine: EngineObservation | None = None
