@@ -1,0 +1,87 @@
+"""The model ladder: tiers of GGUF models, largest first, each with its default engine settings.
+
+A TOML file shared by the engine (`governor engine --models`), the policy core (memory fit, model tier) and the
+daemon. Paths are relative to the ladder file.
+
+    [[tier]]
+    name = "large"
+    path = "demo-large.gguf"
+    n_ctx = 2048          # default and largest context for this tier
+    kv_type = "f16"       # default KV-cache type
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from governor.errors import GovernorError
+from policies.decision import KvType
+
+
+class LadderError(GovernorError):
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class ModelTier(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    path: Path
+    n_ctx: int = Field(default=2048, ge=64)
+    kv_type: KvType = "f16"
+    flash_attn: bool = True
+
+
+class ModelLadder(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tier: tuple[ModelTier, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> ModelLadder:
+        names = [t.name for t in self.tier]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tier names must be unique, got {names}")
+        return self
+
+    @property
+    def tiers(self) -> tuple[ModelTier, ...]:
+        """Largest first, as written in the file."""
+        return self.tier
+
+    def get(self, name: str) -> ModelTier:
+        for t in self.tier:
+            if t.name == name:
+                return t
+        raise KeyError(f"unknown model tier {name!r}; the ladder has {[t.name for t in self.tier]}")
+
+    def smaller(self, name: str) -> ModelTier | None:
+        """The next tier down, or None at the bottom."""
+        names = [t.name for t in self.tier]
+        i = names.index(name)
+        return self.tier[i + 1] if i + 1 < len(self.tier) else None
+
+
+def load_ladder(path: Path) -> ModelLadder:
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise LadderError(path, f"cannot read: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise LadderError(path, f"not valid TOML: {exc}") from exc
+    try:
+        ladder = ModelLadder.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise LadderError(path, f"{where}: {err['msg']}") from exc
+    base = path.parent
+    return ladder.model_copy(
+        update={"tier": tuple(t.model_copy(update={"path": (base / t.path).resolve()}) for t in ladder.tier)}
+    )
