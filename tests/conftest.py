@@ -9,6 +9,7 @@ import structlog
 
 from governor import logs
 
+
 @pytest.fixture(autouse=True)
 def _reset_structlog() -> Iterator[None]:
     logs.reset()
