@@ -1,4 +1,4 @@
-"""Placeholder: this area's subcommands are registered here."""
+"""The engine's subcommands: `governor engine` (the serving process) and `governor demo-models`."""
 
 from __future__ import annotations
 
@@ -6,4 +6,8 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    del sub
+    from governor.engine.demo import register as demo_models
+    from governor.engine.serve import register as engine
+
+    engine(sub)
+    demo_models(sub)
