@@ -42,6 +42,7 @@ class Battery(Frozen):
     source: str  # "sysfs:BAT0", "termux", "psutil", "simulated"
     energy_wh: float | None = None
     energy_full_wh: float | None = None
+    age_s: float | None = None  # how old a cached reading is (termux-battery-status runs in the background)
 
 
 class Memory(Frozen):

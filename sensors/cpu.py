@@ -1,0 +1,140 @@
+"""CPU frequency from `sys/devices/system/cpu/cpu*/cpufreq` and memory from `proc/meminfo`, `proc/pressure/memory`.
+
+Throttling rule (documented in docs/sensors.md):
+- capped: some online CPU has `scaling_max_freq` < `cpuinfo_max_freq` (a thermal driver or a user lowered the cap);
+- or starved under load: CPU utilisation >= 90 % while the mean `scaling_cur_freq / cpuinfo_max_freq` < 0.6
+  (firmware throttling, e.g. a Raspberry Pi's, lowers the clock without touching the cap).
+Without a utilisation figure only the first rule applies.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from sensors.root import Reader, Root
+from sensors.snapshot import Cpu, Memory
+
+CPU_DIR = "sys/devices/system/cpu"
+MEMINFO = "proc/meminfo"
+PSI_MEMORY = "proc/pressure/memory"
+LOADED_UTIL_PERCENT = 90.0
+STARVED_RATIO = 0.6
+
+_CPU_RE = re.compile(r"cpu(\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Core:
+    number: int
+    cur_path: str
+    scaling_max_path: str
+    max_khz: float  # cpuinfo_max_freq: the hardware's limit does not change while running
+
+
+@dataclass(frozen=True, slots=True)
+class CpuInventory:
+    cores: tuple[Core, ...]
+    online_path: str | None  # sys/devices/system/cpu/online, read each sample: phones hot-unplug cores
+
+
+def discover_cpus(root: Root, reader: Reader) -> CpuInventory:
+    base = root.path(CPU_DIR)
+    cores: list[Core] = []
+    for number in sorted(int(m.group(1)) for m in map(_CPU_RE.match, reader.listdir(base)) if m):
+        freq = f"{base}/cpu{number}/cpufreq"
+        if not root.exists(f"{freq}/scaling_cur_freq"):
+            continue
+        max_khz = reader.number(f"{freq}/cpuinfo_max_freq")
+        if not max_khz or max_khz <= 0:
+            continue
+        cores.append(Core(number, f"{freq}/scaling_cur_freq", f"{freq}/scaling_max_freq", max_khz))
+    online = f"{base}/online"
+    return CpuInventory(tuple(cores), online if root.exists(online) else None)
+
+
+def parse_cpu_list(text: str) -> set[int]:
+    """The kernel's cpu list format: "0-3,5,7-8"."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        if first:
+            cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def read_cpu(reader: Reader, inventory: CpuInventory, util_percent: float | None) -> Cpu:
+    online: set[int] | None = None
+    if inventory.online_path is not None:
+        text = reader.text(inventory.online_path)
+        if text is not None:
+            try:
+                online = parse_cpu_list(text)
+            except ValueError:
+                reader.problem(inventory.online_path, f"not a cpu list: {text[:40]!r}")
+    ratios: list[float] = []
+    capped = False
+    for core in inventory.cores:
+        if online is not None and core.number not in online:
+            continue
+        cur = reader.number(core.cur_path)
+        if cur is not None:
+            ratios.append(min(cur / core.max_khz, 1.0))
+        cap = reader.number(core.scaling_max_path)
+        if cap is not None and cap < core.max_khz:
+            capped = True
+    ratio = sum(ratios) / len(ratios) if ratios else None
+    throttled: bool | None = None
+    if inventory.cores:
+        starved = (
+            util_percent is not None
+            and ratio is not None
+            and util_percent >= LOADED_UTIL_PERCENT
+            and ratio < STARVED_RATIO
+        )
+        throttled = capped or starved
+    count = len(online) if online is not None else (len(inventory.cores) or None)
+    return Cpu(freq_ratio=ratio, throttled=throttled, count=count, util_percent=util_percent)
+
+
+_MEMINFO_KEYS = ("MemTotal", "MemAvailable", "SwapTotal", "SwapFree")
+
+
+def read_memory(reader: Reader, root: Root, *, psi: bool) -> Memory:
+    path = root.path(MEMINFO)
+    kb: dict[str, int | None] = dict.fromkeys(_MEMINFO_KEYS)
+    text = reader.text(path)
+    if text is not None:
+        for line in text.splitlines():
+            key, _, rest = line.partition(":")
+            if key not in kb:
+                continue
+            value = reader.parse(path, rest.strip().partition(" ")[0])  # "16318480 kB"
+            if value is not None:
+                kb[key] = int(value) * 1024
+        for key in ("MemTotal", "MemAvailable"):  # both exist since Linux 3.14
+            if kb[key] is None:
+                reader.problem(path, f"no {key} line")
+    some, full = _read_psi(reader, root.path(PSI_MEMORY)) if psi else (None, None)
+    return Memory(
+        total_bytes=kb["MemTotal"],
+        available_bytes=kb["MemAvailable"],
+        swap_total_bytes=kb["SwapTotal"],
+        swap_free_bytes=kb["SwapFree"],
+        psi_some_avg10=some,
+        psi_full_avg10=full,
+    )
+
+
+def _read_psi(reader: Reader, path: str) -> tuple[float | None, float | None]:
+    """`some avg10=0.12 avg60=... total=...` / `full avg10=...`: % of the last 10 s that tasks stalled on memory."""
+    out: dict[str, float | None] = {"some": None, "full": None}
+    text = reader.text(path)
+    for line in (text or "").splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind in out:
+            for item in rest.split():
+                key, _, value = item.partition("=")
+                if key == "avg10":
+                    out[kind] = reader.parse(path, value)
+    return out["some"], out["full"]

@@ -1,0 +1,128 @@
+"""psutil for what it does well: one process's RSS and CPU, whole-machine CPU utilisation, and the fallback
+backend where the Linux sysfs trees are absent (a macOS or Windows development machine)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from sensors.root import MAX_SANE_C, MIN_SANE_C
+from sensors.snapshot import Battery, Cpu, Memory, Problem, Snapshot, Temperature, Trip
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessReading:
+    rss_bytes: int | None
+    cpu_percent: float | None  # of one core, as top shows it: 200 = two cores busy
+
+
+class ProcessStats:
+    """The engine process's footprint. A process that is gone reads as unknown, not as an error."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        try:
+            self._proc: psutil.Process | None = psutil.Process(pid)
+            self._proc.cpu_percent(None)  # psutil's first call has no interval to measure over: prime it
+        except psutil.Error:
+            self._proc = None
+
+    def sample(self) -> ProcessReading:
+        if self._proc is None:
+            return ProcessReading(None, None)
+        try:
+            with self._proc.oneshot():
+                return ProcessReading(self._proc.memory_info().rss, self._proc.cpu_percent(None))
+        except psutil.Error:
+            return ProcessReading(None, None)
+
+
+class CpuUtilisation:
+    """Whole-machine CPU busy % since the previous call (psutil's interval-free mode)."""
+
+    def __init__(self) -> None:
+        psutil.cpu_percent(None)  # prime: the first figure would cover the time since boot
+
+    def __call__(self) -> float | None:
+        return psutil.cpu_percent(None)
+
+
+class PsutilSampler:
+    """The fallback backend. `api` is the psutil module; a test passes a small fake with the same functions."""
+
+    def __init__(self, api: Any = psutil) -> None:
+        self._api = api
+        self._util = CpuUtilisation() if api is psutil else None
+
+    def sample(self) -> Snapshot:
+        problems: list[Problem] = []
+        return Snapshot(
+            temperatures=self._temperatures(problems),
+            battery=self._battery(),
+            memory=self._memory(),
+            cpu=self._cpu(),
+            problems=tuple(problems),
+        )
+
+    def close(self) -> None:
+        """Nothing to release; present so every backend closes the same way."""
+
+    def notes(self) -> list[str]:
+        return ["using psutil (no Linux sysfs tree here)"]
+
+    def _temperatures(self, problems: list[Problem]) -> tuple[Temperature, ...]:
+        read = getattr(self._api, "sensors_temperatures", None)  # absent on macOS and Windows builds
+        if read is None:
+            return ()
+        out: list[Temperature] = []
+        for chip, entries in sorted(read().items()):
+            for number, entry in enumerate(entries):
+                source = f"psutil:{chip}/{number}"
+                temp: float | None = entry.current
+                if temp is not None and not MIN_SANE_C <= temp <= MAX_SANE_C:
+                    problems.append(Problem(path=source, reason=f"absurd: {temp:g} °C"))
+                    temp = None
+                trips = tuple(
+                    Trip(type=kind, temp_c=value)
+                    for kind, value in (("max", entry.high), ("crit", entry.critical))
+                    if value is not None and MIN_SANE_C <= value <= MAX_SANE_C
+                )
+                label = f"{chip}/{entry.label}" if entry.label else chip
+                out.append(Temperature(source=source, kind="psutil", label=label, temp_c=temp, trips=trips))
+        return tuple(out)
+
+    def _battery(self) -> Battery | None:
+        read = getattr(self._api, "sensors_battery", None)
+        status = read() if read is not None else None
+        if status is None:
+            return None
+        plugged = status.power_plugged
+        return Battery(
+            percent=status.percent,
+            charging=None if plugged is None else bool(plugged and status.percent < 100),
+            plugged=plugged,
+            power_w=None,
+            temp_c=None,
+            source="psutil",
+        )
+
+    def _memory(self) -> Memory:
+        virtual, swap = self._api.virtual_memory(), self._api.swap_memory()
+        return Memory(
+            total_bytes=virtual.total,
+            available_bytes=virtual.available,
+            swap_total_bytes=swap.total,
+            swap_free_bytes=swap.free,
+        )
+
+    def _cpu(self) -> Cpu:
+        freq = self._api.cpu_freq()
+        ratio = min(freq.current / freq.max, 1.0) if freq is not None and freq.max else None
+        return Cpu(
+            freq_ratio=ratio,
+            throttled=None,  # psutil cannot tell a capped clock from an idle one
+            count=self._api.cpu_count(),
+            util_percent=self._util() if self._util is not None else None,
+        )

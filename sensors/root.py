@@ -1,0 +1,135 @@
+"""One root prefix for every /sys and /proc path, and a tolerant reader that turns faults into `Problem`s.
+
+Like psutil's `cat(path, fallback=None)`: a broken file costs one reading, never the sample. A test swaps in a
+`Root` subclass whose `read` raises the `OSError` it wants for chosen paths.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+from pathlib import Path
+
+from sensors.snapshot import Problem
+
+# Outside this range a temperature is a broken sensor, not a reading (vendor kernels and stuck sensors do this).
+MIN_SANE_C = -40.0
+MAX_SANE_C = 150.0
+
+
+class Root:
+    """Maps kernel paths ("sys/class/thermal") to paths under the prefix; the only place files are opened."""
+
+    def __init__(self, prefix: Path | str = "/") -> None:
+        self.prefix = Path(prefix)
+        self._base = str(self.prefix).rstrip("/")
+
+    def path(self, rel: str) -> str:
+        return f"{self._base}/{rel.lstrip('/')}"
+
+    def display(self, path: str) -> str:
+        """The kernel path a user recognises ("/sys/class/thermal/thermal_zone0/temp"), without the prefix."""
+        return path[len(self._base) :] if path.startswith(self._base + "/") else path
+
+    def shown(self, rel: str) -> str:
+        """A path for messages: the real one, so that `--root DIR` users see what was looked at."""
+        return self.path(rel) if self._base else "/" + rel.lstrip("/")
+
+    def read(self, path: str) -> bytes:
+        # os.open/os.read: no text-layer or buffer setup; a sample reads ~100 small files.
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return os.read(fd, 65536)
+        finally:
+            os.close(fd)
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def is_live(self) -> bool:
+        """True when reading the running system itself (prefix "/"), so psutil's figures describe the same machine."""
+        return not self._base
+
+
+def describe(exc: OSError) -> str:
+    name = errno.errorcode.get(exc.errno or 0, "error")
+    return f"{name}: {exc.strerror or exc}"
+
+
+class Reader:
+    """Reads for one sample (or one discovery) and collects what went wrong."""
+
+    __slots__ = ("problems", "root", "vanished")
+
+    def __init__(self, root: Root) -> None:
+        self.root = root
+        self.problems: list[Problem] = []
+        self.vanished = False  # a file listed at discovery is gone: rediscover before the next sample
+
+    def problem(self, path: str, reason: str) -> None:
+        # Both fields are plain str built here: model_construct skips validation that cannot fail.
+        self.problems.append(Problem.model_construct(path=self.root.display(path), reason=reason))
+
+    def text(self, path: str) -> str | None:
+        try:
+            raw = self.root.read(path)
+        except FileNotFoundError:
+            self.vanished = True
+            self.problem(path, "vanished: no such file (rediscovering)")
+            return None
+        except OSError as exc:
+            self.problem(path, describe(exc))
+            return None
+        text = raw.decode("utf-8", "replace").strip()
+        if not text:
+            self.problem(path, "empty")
+            return None
+        return text
+
+    def optional_text(self, path: str) -> str | None:
+        """For files that many devices lack (a label, a trip): absent is normal, other faults are problems."""
+        try:
+            raw = self.root.read(path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self.problem(path, describe(exc))
+            return None
+        return raw.decode("utf-8", "replace").strip() or None
+
+    def number(self, path: str) -> float | None:
+        text = self.text(path)
+        return None if text is None else self.parse(path, text)
+
+    def parse(self, path: str, text: str) -> float | None:
+        try:
+            value = float(text)
+        except ValueError:
+            self.problem(path, f"not a number: {text[:40]!r}")
+            return None
+        if not math.isfinite(value):
+            self.problem(path, f"not a number: {text[:40]!r}")
+            return None
+        return value
+
+    def sane_c(self, path: str, temp_c: float) -> float | None:
+        if MIN_SANE_C <= temp_c <= MAX_SANE_C:
+            return temp_c
+        self.problem(path, f"absurd: {temp_c:g} °C is outside {MIN_SANE_C:g}..{MAX_SANE_C:g} °C")
+        return None
+
+    def listdir(self, path: str, *, optional: bool = True) -> list[str]:
+        """A directory's entries; a missing directory is an empty one (no such hardware), other faults are problems."""
+        try:
+            return self.root.listdir(path)
+        except FileNotFoundError:
+            if not optional:
+                self.problem(path, "vanished: no such directory")
+            return []
+        except OSError as exc:
+            self.problem(path, describe(exc))
+            return []

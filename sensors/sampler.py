@@ -1,0 +1,226 @@
+"""The facade the daemon and the lab call: `make_sampler(...)` picks the backends, `.sample()` returns a Snapshot.
+
+File lists are discovered once and again when a listed file vanishes or every `rediscover_s`, so a sample reads
+about one file per reading. Readings are built with `model_construct`: every value was already checked here (a float
+or None, a str), and validation would cost more than all the file reads together (see docs/sensors.md).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+from sensors.cpu import CPU_DIR, PSI_MEMORY, CpuInventory, discover_cpus, read_cpu, read_memory
+from sensors.power import Supply, discover_supplies, read_battery
+from sensors.procstats import CpuUtilisation, PsutilSampler
+from sensors.root import Reader, Root
+from sensors.snapshot import Battery, Snapshot, Temperature
+from sensors.termux import DEFAULT_COMMAND, TermuxBattery, termux_detected
+from sensors.thermal import HWMON_DIR, THERMAL_DIR, Input, discover_hwmon, discover_zones, read_zone
+
+
+class Sampler(Protocol):
+    def sample(self) -> Snapshot: ...
+
+    def notes(self) -> list[str]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    inputs: tuple[Input, ...]
+    supplies: tuple[Supply, ...]
+    cpus: CpuInventory
+    psi: bool
+    at: float
+
+
+class StuckDetector:
+    """A temperature that has not changed for `samples` samples while another one moved within that span is stuck.
+
+    Real sensors jitter by at least one LSB under any load; a sensor frozen at one value (some read a constant
+    >135 °C on healthy phones) is broken. When every sensor is still (an idle, cool box) nothing is flagged.
+    """
+
+    def __init__(self, samples: int) -> None:
+        self.samples = samples
+        self._last: dict[str, float] = {}
+        self._still: dict[str, int] = {}
+
+    def update(self, readings: Mapping[str, float | None]) -> dict[str, int]:
+        """Stuck sources and for how many samples each has not changed."""
+        for source, value in readings.items():
+            if value is None:
+                continue
+            if self._last.get(source) == value:
+                self._still[source] += 1
+            else:
+                self._last[source] = value
+                self._still[source] = 0
+        stuck = {s: n for s, n in self._still.items() if n >= self.samples and s in readings}
+        if stuck and any(n < self.samples for s, n in self._still.items() if s not in stuck and s in readings):
+            return stuck
+        return {}
+
+    def forget_except(self, sources: set[str]) -> None:
+        for source in set(self._last) - sources:
+            del self._last[source], self._still[source]
+
+
+class SensorSampler:
+    """Linux sysfs/procfs under `root` (a path or a `Root`), with termux-battery-status when a command is given."""
+
+    def __init__(
+        self,
+        root: Root | Path | str = "/",
+        *,
+        termux_cmd: Sequence[str] | None = None,
+        termux_timeout_s: float = 3.0,
+        termux_refresh_s: float = 5.0,
+        cpu_util: Callable[[], float | None] | Literal["auto"] | None = "auto",
+        rediscover_s: float = 30.0,
+        stuck_samples: int = 120,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.root = root if isinstance(root, Root) else Root(root)
+        self.termux = (
+            TermuxBattery(termux_cmd, timeout_s=termux_timeout_s, refresh_s=termux_refresh_s, monotonic=monotonic)
+            if termux_cmd
+            else None
+        )
+        # psutil's utilisation describes the running machine: only meaningful when the root is that machine.
+        self._util = (CpuUtilisation() if self.root.is_live() else None) if cpu_util == "auto" else cpu_util
+        self.rediscover_s = rediscover_s
+        self._monotonic = monotonic
+        self._stuck = StuckDetector(stuck_samples)
+        self._inventory: Inventory | None = None
+
+    def invalidate(self) -> None:
+        """Rediscover before the next sample (a udev event said devices came or went)."""
+        self._inventory = None
+
+    def _discover(self, reader: Reader, now: float) -> Inventory:
+        inputs = (*discover_zones(self.root, reader), *discover_hwmon(self.root, reader))
+        self._stuck.forget_except({i.source for i in inputs})
+        return Inventory(
+            inputs=inputs,
+            supplies=tuple(discover_supplies(self.root, reader)),
+            cpus=discover_cpus(self.root, reader),
+            psi=self.root.exists(self.root.path(PSI_MEMORY)),
+            at=now,
+        )
+
+    def inventory(self) -> Inventory:
+        if self._inventory is None:
+            self._inventory = self._discover(Reader(self.root), self._monotonic())
+        return self._inventory
+
+    def sample(self) -> Snapshot:
+        now = self._monotonic()
+        reader = Reader(self.root)
+        inv = self._inventory
+        if inv is None or now - inv.at >= self.rediscover_s:
+            inv = self._inventory = self._discover(reader, now)
+        values = {item.source: read_zone(reader, item) for item in inv.inputs}
+        for source, still in self._stuck.update(values).items():
+            item = next(i for i in inv.inputs if i.source == source)
+            reader.problem(item.path, f"stuck: {values[source]:g} °C unchanged for {still} samples while others moved")
+            values[source] = None
+        temperatures = [
+            Temperature.model_construct(
+                source=i.source, kind=i.kind, label=i.label, temp_c=values[i.source], trips=i.trips
+            )
+            for i in inv.inputs
+        ]
+        battery = read_battery(reader, list(inv.supplies))
+        if self.termux is not None and (battery is None or battery.percent is None):
+            from_termux, problems = self.termux.latest()
+            reader.problems.extend(problems)
+            battery = from_termux or battery
+        if battery is not None and battery.temp_c is not None and all(t.temp_c is None for t in temperatures):
+            temperatures.append(_battery_temperature(battery))
+        snapshot = Snapshot.model_construct(
+            temperatures=tuple(temperatures),
+            battery=battery,
+            memory=read_memory(reader, self.root, psi=inv.psi),
+            cpu=read_cpu(reader, inv.cpus, self._util() if self._util is not None else None),
+            problems=tuple(reader.problems),
+        )
+        if reader.vanished:
+            self._inventory = None
+        return snapshot
+
+    def notes(self) -> list[str]:
+        """What was found and what not, in words (the CLI prints these above the table)."""
+        inv, shown = self.inventory(), self.root.shown
+        kinds = [i.kind for i in inv.inputs]
+        notes = [
+            f"{kinds.count('thermal_zone')} thermal zones under {shown(THERMAL_DIR)}"
+            if "thermal_zone" in kinds
+            else f"no thermal zones under {shown(THERMAL_DIR)}",
+        ]
+        if "hwmon" in kinds:
+            notes.append(f"{kinds.count('hwmon')} hwmon temperatures under {shown(HWMON_DIR)}")
+        elif os.path.isdir(self.root.path(HWMON_DIR)):
+            notes.append(f"no hwmon temperatures under {shown(HWMON_DIR)}")
+        else:
+            notes.append(f"no hwmon ({shown(HWMON_DIR)} is absent)")
+        batteries = [s.name for s in inv.supplies if s.battery]
+        others = [s.name for s in inv.supplies if not s.battery]
+        if batteries:
+            notes.append(
+                f"battery: {', '.join(batteries)}" + (f"; external power: {', '.join(others)}" if others else "")
+            )
+        elif self.termux is not None:
+            notes.append(f"no sysfs battery; asking {' '.join(self.termux.command)} in the background")
+        elif others:
+            notes.append(f"no battery (power_supply has only {', '.join(others)})")
+        else:
+            notes.append("no battery (no power_supply devices)")
+        if inv.cpus.cores:
+            notes.append(f"cpufreq for {len(inv.cpus.cores)} CPUs")
+        else:
+            notes.append(f"no CPU frequency (no cpufreq under {shown(CPU_DIR)})")
+        if not inv.psi:
+            notes.append(f"no memory pressure ({shown(PSI_MEMORY)} is absent)")
+        return notes
+
+    def close(self) -> None:
+        if self.termux is not None:
+            self.termux.close()
+
+    def __enter__(self) -> SensorSampler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _battery_temperature(battery: Battery) -> Temperature:
+    """The thermal signal of last resort: phones whose zones SELinux hides still report the battery's."""
+    return Temperature(source=battery.source, kind="battery", label="battery", temp_c=battery.temp_c)
+
+
+def make_sampler(
+    root: Path | str = "/",
+    *,
+    termux_cmd: Sequence[str] | None = None,
+    termux_timeout_s: float = 3.0,
+    environ: Mapping[str, str] = os.environ,
+) -> Sampler:
+    """sysfs when the tree is there (any Linux, or a fake tree under `root`); psutil otherwise (macOS, Windows).
+
+    Under Termux (TERMUX_VERSION set, or PREFIX inside com.termux) termux-battery-status is used when sysfs shows
+    no readable battery, unless another command is given.
+    """
+    prefix = Root(root)
+    if prefix.is_live() and not os.path.isdir("/sys/class"):
+        return PsutilSampler()
+    if termux_cmd is None and termux_detected(environ):
+        termux_cmd = DEFAULT_COMMAND
+    return SensorSampler(prefix, termux_cmd=termux_cmd, termux_timeout_s=termux_timeout_s)
