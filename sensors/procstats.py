@@ -3,6 +3,8 @@ backend where the Linux sysfs trees are absent (a macOS or Windows development m
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,13 +42,24 @@ class ProcessStats:
 
 
 class CpuUtilisation:
-    """Whole-machine CPU busy % since the previous call (psutil's interval-free mode)."""
+    """Whole-machine CPU busy % since the previous figure (psutil's interval-free mode).
 
-    def __init__(self) -> None:
+    Over less than `min_interval_s` the figure is noise (a one-shot CLI would report its own start-up as 100 %), so
+    until then the previous figure stands, or None before the first one.
+    """
+
+    def __init__(self, min_interval_s: float = 0.5, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.min_interval_s = min_interval_s
+        self._monotonic = monotonic
+        self._since = monotonic()
+        self._last: float | None = None
         psutil.cpu_percent(None)  # prime: the first figure would cover the time since boot
 
     def __call__(self) -> float | None:
-        return psutil.cpu_percent(None)
+        now = self._monotonic()
+        if now - self._since >= self.min_interval_s:
+            self._last, self._since = psutil.cpu_percent(None), now
+        return self._last
 
 
 class PsutilSampler:
