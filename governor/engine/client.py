@@ -73,9 +73,10 @@ class EngineStatus(EngineSettings):
     rss_bytes: int | None = None
 
 
-class ConfigResult(EngineSettings):
+class ConfigResult(_Response):
     """`POST /engine/config`: the settings now in force, how they were applied and how long it took."""
 
+    config: EngineSettings
     applied: str  # "live" or "reload"
     seconds: float
 
@@ -177,7 +178,7 @@ class EngineClient:
             "engine configured",
             applied=result.applied,
             seconds=round(result.seconds, 3),
-            **{k: getattr(result, k) for k in sorted(CONFIG_FIELDS)},
+            **result.config.model_dump(),
         )
 
     # -- OpenAI API ----------------------------------------------------------------------------------------------

@@ -80,7 +80,7 @@ class FakeEngine:
         before = dict(self.settings)
         self.settings.update(body)
         reload = any(before[k] != self.settings[k] for k in ("model", "n_ctx", "kv_type"))
-        return JSONResponse({**self.settings, "applied": "reload" if reload else "live", "seconds": 0.25})
+        return JSONResponse({"config": self.settings, "applied": "reload" if reload else "live", "seconds": 0.25})
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": m, "object": "model"} for m in MODELS]})
@@ -152,9 +152,9 @@ def test_configure_posts_only_the_given_fields_and_returns_how_they_were_applied
         uncapped = client.configure(max_tokens_per_s=None)
 
     assert engine.posted == [{"threads": 1, "max_tokens_per_s": 4.0}, {"model": "small"}, {"max_tokens_per_s": None}]
-    assert (live.applied, live.threads, live.max_tokens_per_s, live.seconds) == ("live", 1, 4.0, 0.25)
-    assert (reload.applied, reload.model, reload.threads) == ("reload", "small", 1)
-    assert uncapped.max_tokens_per_s is None
+    assert (live.applied, live.config.threads, live.config.max_tokens_per_s, live.seconds) == ("live", 1, 4.0, 0.25)
+    assert (reload.applied, reload.config.model, reload.config.threads) == ("reload", "small", 1)
+    assert uncapped.config.max_tokens_per_s is None
 
 
 def test_configure_refuses_a_field_the_engine_does_not_have_before_sending(
