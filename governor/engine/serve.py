@@ -1,9 +1,187 @@
-"""Placeholder: replaced by its owner."""
+"""`governor engine`: load the model, then serve the API on a Unix socket (and loopback TCP only when asked).
+
+The model is loaded before the socket exists, so "GET /engine/status answers" means ready.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import stat
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import structlog
+import uvicorn
+from starlette.applications import Starlette
+
+from governor.engine.config import (
+    KV_TYPES,
+    ConfigRefused,
+    ModelSpec,
+    Settings,
+    check_kv,
+    default_threads,
+    models_from_ladder,
+    single_model,
+)
+from governor.errors import GovernorError
+
+log = structlog.get_logger("governor.engine")
+
+
+class EngineError(GovernorError):
+    pass
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    del sub
+    p = sub.add_parser(
+        "engine",
+        help="serve a llama.cpp model over an OpenAI-compatible API on a Unix socket",
+        description="Serve a GGUF model (or a model ladder) over an OpenAI-compatible HTTP API on a Unix socket, "
+        "with a control API (GET /engine/status, POST /engine/config) that changes threads, rate cap, context, "
+        "KV-cache type and model while answers stream.",
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", type=Path, help="a GGUF file")
+    src.add_argument("--models", type=Path, metavar="LADDER.toml", help="a model ladder (policies.ladder)")
+    p.add_argument("--tier", help="the ladder tier to start with (default: the first, largest)")
+    p.add_argument("--socket", type=Path, required=True, help="the Unix socket path to serve on")
+    p.add_argument("--socket-mode", choices=["0600", "0660"], default="0600", help="socket permissions")
+    p.add_argument("--port", type=int, help="also serve on 127.0.0.1:PORT")
+    p.add_argument("--threads", type=int, help="compute threads (default: the CPUs this process may use)")
+    p.add_argument("--ctx", type=int, help="context size in tokens (default: the tier's n_ctx, or 2048)")
+    p.add_argument("--kv", choices=KV_TYPES, help="KV-cache type (default: the tier's kv_type, or f16)")
+    p.add_argument("--max-tokens-per-s", type=float, help="cap on the decode rate (default: none)")
+    p.add_argument("--queue", type=int, default=8, help="requests that may wait behind the running one (default 8)")
+    p.add_argument("--drain-s", type=float, default=10.0, help="on SIGTERM, time running answers get to finish")
+    p.set_defaults(func=run)
+
+
+def initial(args: argparse.Namespace) -> tuple[dict[str, ModelSpec], Settings]:
+    if args.models is not None:
+        from policies.ladder import load_ladder
+
+        models = models_from_ladder(load_ladder(args.models))
+        name = args.tier or next(iter(models))
+        if name not in models:
+            raise EngineError(f"--tier {name!r}: not in {args.models} (tiers: {list(models)})")
+    else:
+        if args.tier is not None:
+            raise EngineError("--tier needs --models LADDER.toml")
+        if not args.model.is_file():
+            raise EngineError(f"--model {args.model}: no such file")
+        models = single_model(args.model, args.ctx or 2048)
+        name = next(iter(models))
+    spec = models[name]
+    n_ctx = args.ctx or spec.default_ctx
+    if spec.max_ctx is not None and n_ctx > spec.max_ctx:
+        raise EngineError(f"--ctx {n_ctx}: tier {name!r} allows at most {spec.max_ctx}")
+    if n_ctx < 64:
+        raise EngineError(f"--ctx {n_ctx}: at least 64")
+    kv = args.kv or spec.default_kv
+    try:
+        check_kv(spec, kv)
+    except ConfigRefused as exc:
+        raise EngineError(f"--kv {kv}: {exc.message}") from exc
+    threads = args.threads or default_threads()
+    if threads < 1:
+        raise EngineError(f"--threads {threads}: at least 1")
+    cap = args.max_tokens_per_s
+    if cap is not None and cap <= 0:
+        raise EngineError(f"--max-tokens-per-s {cap}: must be > 0")
+    if args.queue < 0:
+        raise EngineError(f"--queue {args.queue}: must be >= 0")
+    return models, Settings(name, n_ctx, kv, threads, cap)
+
+
+def bind_unix(path: Path, mode: int) -> socket.socket:
+    """Bind with the final mode from the first instant (umask), then set it explicitly.
+
+    A leftover socket file is removed only when nothing answers on it; any other file is left alone.
+    """
+    if path.is_symlink() or path.exists():
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise EngineError(f"--socket {path}: exists and is not a socket; not removing it")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.settimeout(1.0)
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise EngineError(f"--socket {path}: cannot check the existing socket: {exc.strerror}") from exc
+        else:
+            raise EngineError(f"--socket {path}: another process is serving on it")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o777 & ~mode)
+    try:
+        sock.bind(str(path))
+    except OSError as exc:
+        sock.close()
+        raise EngineError(f"--socket {path}: cannot bind: {exc.strerror}") from exc
+    finally:
+        os.umask(old)
+    os.chmod(path, mode)
+    return sock
+
+
+def bind_tcp(port: int) -> socket.socket:
+    try:
+        return socket.create_server(("127.0.0.1", port))
+    except OSError as exc:
+        raise EngineError(f"--port {port}: cannot bind 127.0.0.1:{port}: {exc.strerror}") from exc
+
+
+def run(args: argparse.Namespace) -> int:
+    from governor.engine.app import EngineApp
+    from governor.engine.model import ModelLoadError
+    from governor.engine.worker import Worker
+
+    models, settings = initial(args)
+    try:
+        worker = Worker(models, settings)
+    except ModelLoadError as exc:
+        raise EngineError(str(exc)) from exc
+    log.info("engine.loaded", **settings.as_dict(), path=str(models[settings.model].path))
+    engine = EngineApp(worker, queue_max=args.queue)
+    sockets = [bind_unix(args.socket, int(args.socket_mode, 8))]
+    inode = os.stat(args.socket).st_ino
+    try:
+        if args.port is not None:
+            sockets.append(bind_tcp(args.port))
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app: Starlette) -> AsyncIterator[None]:
+            worker.start()
+            log.info("engine.serving", socket=str(args.socket), port=args.port, pid=os.getpid())
+            yield
+            # uvicorn has stopped accepting and waited up to --drain-s for running answers.
+            await asyncio.to_thread(worker.stop)
+            log.info("engine.stopped", **vars(worker.counters))
+
+        engine.app.router.lifespan_context = lifespan
+        config = uvicorn.Config(
+            engine.app,
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=args.drain_s,
+        )
+        # uvicorn re-raises a caught SIGTERM after shutdown; a no-op handler makes that a clean exit 0.
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        uvicorn.Server(config).run(sockets=sockets)
+    finally:
+        for s in sockets:
+            s.close()
+        with contextlib.suppress(OSError):
+            if os.stat(args.socket).st_ino == inode:
+                args.socket.unlink()
+    return 0

@@ -1,0 +1,100 @@
+"""One loaded llama.cpp model and context, with the few per-token calls the worker makes on it."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+from collections.abc import Sequence
+from typing import Any
+
+import llama_cpp
+from llama_cpp.llama_chat_format import CHATML_CHAT_TEMPLATE, Jinja2ChatFormatter
+
+from governor.engine.config import GGML_TYPE, ModelSpec, Settings
+
+
+class ModelLoadError(Exception):
+    pass
+
+
+class LoadedModel:
+    """Owns a `llama_cpp.Llama`; only the worker thread calls it once the engine runs."""
+
+    def __init__(self, spec: ModelSpec, settings: Settings) -> None:
+        self.spec = spec
+        self.n_ctx = settings.n_ctx
+        self.kv_type = settings.kv_type
+        try:
+            self.llm = llama_cpp.Llama(
+                model_path=str(spec.path),
+                n_ctx=settings.n_ctx,
+                n_threads=settings.threads,
+                n_threads_batch=settings.threads,
+                type_k=GGML_TYPE[settings.kv_type],
+                type_v=GGML_TYPE[settings.kv_type],
+                flash_attn=spec.flash_attn,
+                verbose=False,
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise ModelLoadError(f"cannot load {spec.path} with {settings.as_dict()}: {exc}") from exc
+        self.threads = settings.threads
+        meta: dict[str, str] = self.llm.metadata
+        template = meta.get("tokenizer.chat_template") or CHATML_CHAT_TEMPLATE
+        eos, bos = self.llm.token_eos(), self.llm.token_bos()
+        model = self.llm._model
+        self._formatter = Jinja2ChatFormatter(
+            template=template,
+            eos_token=model.token_get_text(eos) if eos != -1 else "",
+            bos_token=model.token_get_text(bos) if bos != -1 else "",
+        )
+        self.template_stop = self._formatter.eos_token
+        self._vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
+        self._buf = ctypes.create_string_buffer(256)
+
+    # chat.Tokenizer
+    def render(self, messages: Sequence[dict[str, str]]) -> str:
+        return self._formatter(messages=list(messages)).prompt  # type: ignore[arg-type]
+
+    def encode(self, text: str, *, prompt: bool) -> list[int]:
+        # As llama_cpp's own chat handlers do: the template writes BOS itself, and its special tokens are parsed.
+        return list(self.llm.tokenize(text.encode(), add_bos=False, special=prompt))
+
+    def piece(self, token: int) -> bytes:
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, self._buf, len(self._buf), 0, False)
+        return self._buf.raw[:n] if n > 0 else b""
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def set_threads(self, n: int) -> None:
+        # Takes effect at the next decode; assigning `Llama.n_threads` alone would change nothing.
+        llama_cpp.llama_set_n_threads(self.llm.ctx, n, n)
+        self.llm.n_threads = self.llm.n_threads_batch = n
+        self.threads = n
+
+    def generate(self, tokens: Sequence[int], sampling: dict[str, Any], seed: int | None) -> Any:
+        self.llm.set_seed(seed if seed is not None else llama_cpp.LLAMA_DEFAULT_SEED)
+        return self.llm.generate(tokens, reset=True, **sampling)
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """Evaluate `tokens` so that a following `generate(tokens)` samples at once (its exact-prefix cache hit)."""
+        self.llm.reset()  # type: ignore[no-untyped-call]
+        self.llm.eval(tokens)
+
+    def close(self) -> None:
+        self.llm.close()
+        del self.llm
+        gc.collect()
+        _malloc_trim()
+
+
+def _malloc_trim() -> None:
+    """Give freed heap pages back to the OS now (glibc keeps them otherwise); a no-op without glibc."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    libc = ctypes.CDLL(name)
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is not None:
+        trim(0)

@@ -1,0 +1,361 @@
+"""The worker thread: it alone owns the model, runs one generation at a time and applies config changes between
+tokens (live: threads, rate cap; reload: model, context, KV type, continuing the same answer in the new context).
+
+The event loop talks to it through `submit` / `configure` / `cancel`; it answers through each job's `Sink`
+(called on this thread; the sink hands events to the loop). ctypes drops the GIL during llama.cpp calls, so the
+loop keeps serving while a token is computed.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+
+from governor.engine.chat import ChatRequest, PromptTooLong, TextStream, fit, room_for_answer
+from governor.engine.config import Applied, ConfigChange, ConfigRefused, ModelSpec, Settings, resolve
+from governor.engine.model import LoadedModel, ModelLoadError
+
+log = structlog.get_logger("governor.engine")
+
+
+class Sink(Protocol):
+    """Where a generation's events go. Events: ("start", model, prompt_tokens, trimmed), ("text", str),
+    ("model", name), ("trim", trimmed_total), ("end", finish_reason, usage), ("error", status, message, code)."""
+
+    def __call__(self, event: tuple[Any, ...]) -> None: ...
+
+
+@dataclass(eq=False)
+class Job:
+    request: ChatRequest
+    sink: Sink
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(eq=False)
+class ConfigJob:
+    change: ConfigChange
+    done: Callable[[Settings, Applied, float], None]
+    fail: Callable[[Exception], None]
+
+
+@dataclass
+class Counters:
+    generations_completed: int = 0
+    generations_cancelled: int = 0
+    generations_failed: int = 0
+    tokens_generated_total: int = 0
+    prompt_tokens_total: int = 0
+    reloads_total: int = 0
+    trimmed_messages_total: int = 0
+
+
+@dataclass(eq=False)
+class _Run:
+    """One generation in progress: what it needs to continue in a rebuilt context."""
+
+    job: Job
+    messages: list[dict[str, str]]
+    ctx_tokens: list[int]  # everything evaluated (or to be) in the current context: prompt + answer so far
+    n_prompt: int
+    text: TextStream
+    answer: bytearray = field(default_factory=bytearray)
+    n_completion: int = 0
+    trimmed: int = 0
+    gen: Any = None
+    model_name: str = ""
+    finish: str | None = None
+
+
+class Worker:
+    def __init__(self, models: dict[str, ModelSpec], settings: Settings) -> None:
+        self.models = models
+        self.settings = settings
+        self.model = LoadedModel(models[settings.model], settings)
+        self.counters = Counters()
+        self.busy = False
+        self.waiting = 0  # jobs queued, not yet started
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._pending: list[ConfigJob] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()  # cuts a rate-cap wait short
+        self._stopping = False
+        self._emits: deque[float] = deque(maxlen=32)
+        self.decode_tokens_per_s: float | None = None
+        self.generation_s: float | None = None  # recent generation length, for Retry-After
+        self._thread = threading.Thread(target=self._loop, name="engine-worker", daemon=True)
+
+    # --- called from the event loop ---
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            self.waiting += 1
+        self._jobs.put(job)
+
+    def configure(self, cj: ConfigJob) -> None:
+        with self._lock:
+            self._pending.append(cj)
+        self._wake.set()
+        self._jobs.put(None)  # wakes an idle worker (a spurious wake-up when busy is harmless)
+
+    def cancel(self, job: Job) -> None:
+        job.cancelled.set()
+        self._wake.set()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Ends the running answer at the next token boundary, drops queued jobs, closes the model."""
+        self._stopping = True
+        self._wake.set()
+        self._jobs.put(None)
+        self._thread.join(timeout_s)
+
+    def tokens_per_s(self) -> float:
+        """Tokens delivered per second over the last up to 32 tokens; 0 when none came in the last 2 s."""
+        e = list(self._emits)
+        if len(e) < 2 or time.monotonic() - e[-1] > 2.0:
+            return 0.0
+        return (len(e) - 1) / max(e[-1] - e[0], 1e-9)
+
+    # --- the worker thread ---
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                job = self._jobs.get()
+                if job is not None:
+                    with self._lock:
+                        self.waiting -= 1
+                if self._stopping:
+                    if job is not None:
+                        job.sink(("error", 503, "the engine is shutting down", "engine_stopping"))
+                    break
+                self._apply_pending(None)
+                if job is None:
+                    continue
+                if job.cancelled.is_set():
+                    self.counters.generations_cancelled += 1
+                    job.sink(("end", "cancelled", _usage(0, 0)))
+                    continue
+                self.busy = True
+                try:
+                    self._generate(job)
+                finally:
+                    self.busy = False
+        finally:
+            self._drain()
+            self.model.close()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.sink(("error", 503, "the engine is shutting down", "engine_stopping"))
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for cj in pending:
+            cj.fail(ConfigRefused("the engine is shutting down", param=None, code="engine_stopping", status=503))
+
+    def _generate(self, job: Job) -> None:
+        req = job.request
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        m = self.model
+        try:
+            fitted = fit(m, messages, m.n_ctx, answer_room=room_for_answer(m.n_ctx, req.token_limit()))
+        except PromptTooLong as exc:
+            self.counters.generations_failed += 1
+            job.sink(("error", 400, str(exc), "context_length_exceeded"))
+            return
+        stops = req.stops() + ([m.template_stop] if m.template_stop else [])
+        run = _Run(job, messages, list(fitted.tokens), len(fitted.tokens), TextStream(stops))
+        run.trimmed = fitted.trimmed_messages
+        run.model_name = m.spec.name
+        if run.trimmed:
+            self._log_trim(run, "request", run.trimmed)
+        self.counters.prompt_tokens_total += run.n_prompt
+        job.sink(("start", m.spec.name, run.n_prompt, run.trimmed))
+        started = time.monotonic()
+        try:
+            run.gen = m.generate(run.ctx_tokens, req.sampling(), req.seed)
+            self._decode(run)
+        except (RuntimeError, ValueError) as exc:  # llama.cpp decode failures surface as these
+            log.error("engine.generation_failed", error=str(exc))
+            self.counters.generations_failed += 1
+            job.sink(("error", 500, f"generation failed: {exc}", "generation_failed"))
+            return
+        finally:
+            if run.gen is not None:
+                run.gen.close()
+        self.generation_s = time.monotonic() - started
+        tail = run.text.flush()
+        if tail:
+            job.sink(("text", tail))
+        if run.finish == "cancelled":
+            self.counters.generations_cancelled += 1
+        else:
+            self.counters.generations_completed += 1
+        job.sink(("end", run.finish, _usage(run.n_prompt, run.n_completion)))
+
+    def _decode(self, run: _Run) -> None:
+        job, limit = run.job, run.job.request.token_limit()
+        while True:
+            if self._pending:
+                self._apply_pending(run)
+            if run.finish is not None:
+                return
+            if job.cancelled.is_set() or self._stopping:
+                run.finish = "cancelled" if job.cancelled.is_set() else "length"
+                return
+            m = self.model
+            if (limit is not None and run.n_completion >= limit) or len(run.ctx_tokens) >= m.n_ctx:
+                run.finish = "length"
+                return
+            t0 = time.perf_counter()
+            try:
+                token = next(run.gen)
+            except StopIteration:
+                run.finish = "stop"
+                return
+            t1 = time.perf_counter()
+            if run.n_completion:  # the first call also evaluated the prompt
+                self.decode_tokens_per_s = _ewma(self.decode_tokens_per_s, t1 - t0)
+            if m.is_eog(token):
+                run.finish = "stop"
+                return
+            run.ctx_tokens.append(token)
+            run.n_completion += 1
+            self.counters.tokens_generated_total += 1
+            data = m.piece(token)
+            run.answer += data
+            text = run.text.push(data)
+            if self.settings.max_tokens_per_s is not None:
+                self._pace(run)
+            if text:
+                job.sink(("text", text))
+            self._emits.append(time.monotonic())
+            if run.text.stopped:
+                run.finish = "stop"
+                return
+
+    def _pace(self, run: _Run) -> None:
+        """Hold the token until 1/cap after the previous one; a config change or cancel cuts the wait short."""
+        while True:
+            cap = self.settings.max_tokens_per_s
+            if cap is None or not self._emits or run.job.cancelled.is_set() or self._stopping:
+                return
+            wait = self._emits[-1] + 1 / cap - time.monotonic()
+            if wait <= 0:
+                return
+            self._wake.wait(wait)
+            self._wake.clear()
+            if self._pending:
+                self._apply_pending(run)
+
+    def _apply_pending(self, run: _Run | None) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for cj in pending:
+            t0 = time.perf_counter()
+            try:
+                target = resolve(self.settings, cj.change, self.models)
+            except ConfigRefused as exc:
+                cj.fail(exc)
+                continue
+            if not self.settings.needs_reload(target):
+                if target.threads != self.model.threads:
+                    self.model.set_threads(target.threads)
+                self.settings = target
+                cj.done(target, "live", time.perf_counter() - t0)
+                log.info("engine.config", applied="live", **target.as_dict())
+                continue
+            try:
+                self._reload(target, run)
+            except ModelLoadError as exc:
+                cj.fail(ConfigRefused(str(exc), param=None, code="reload_failed", status=500))
+                continue
+            seconds = time.perf_counter() - t0
+            self.counters.reloads_total += 1
+            cj.done(target, "reload", seconds)
+            log.info(
+                "engine.config",
+                applied="reload",
+                seconds=round(seconds, 3),
+                mid_answer=run is not None,
+                **target.as_dict(),
+            )
+
+    def _reload(self, target: Settings, run: _Run | None) -> None:
+        """Close the old model first (memory is what a device lacks), build the new one, re-evaluate the answer.
+
+        When the new model cannot be built, the old settings are rebuilt and the answer continues there.
+        """
+        if run is not None and run.gen is not None:
+            run.gen.close()
+            run.gen = None
+        previous = self.settings
+        self.model.close()
+        try:
+            self.model = LoadedModel(self.models[target.model], target)
+            self.settings = target
+        except ModelLoadError:
+            self.model = LoadedModel(self.models[previous.model], previous)
+            if run is not None:
+                self._resume(run)
+            raise
+        if run is not None:
+            self._resume(run)
+
+    def _resume(self, run: _Run) -> None:
+        """Continue `run` in the new context: the same tokens when they fit, else a re-rendered, trimmed prompt."""
+        m, req = self.model, run.job.request
+        limit = req.token_limit()
+        room = room_for_answer(m.n_ctx, None if limit is None else max(limit - run.n_completion, 1))
+        if run.model_name != m.spec.name or len(run.ctx_tokens) + room > m.n_ctx:
+            try:
+                so_far = run.answer.decode(errors="ignore")
+                fitted = fit(m, run.messages, m.n_ctx, answer_room=room, answer_so_far=so_far)
+            except PromptTooLong:
+                run.finish = "length"  # not even the last message and the answer so far fit: end the answer there
+                return
+            run.ctx_tokens = list(fitted.tokens)
+            run.text.reset_decoder()
+            if fitted.trimmed_messages > run.trimmed:
+                delta, run.trimmed = fitted.trimmed_messages - run.trimmed, fitted.trimmed_messages
+                self._log_trim(run, "reconfig", delta)
+                run.job.sink(("trim", run.trimmed))
+        if run.model_name != m.spec.name:
+            run.model_name = m.spec.name
+            run.job.sink(("model", m.spec.name))
+        m.prefill(run.ctx_tokens)
+        run.gen = m.generate(run.ctx_tokens, req.sampling(), req.seed)
+
+    def _log_trim(self, run: _Run, when: str, delta: int) -> None:
+        self.counters.trimmed_messages_total += delta
+        log.info(
+            "engine.trimmed",
+            when=when,
+            trimmed_messages=run.trimmed,
+            kept=len(run.messages) - run.trimmed,
+            n_ctx=self.model.n_ctx,
+        )
+
+
+def _ewma(rate: float | None, dt: float, alpha: float = 0.1) -> float:
+    now = 1 / max(dt, 1e-9)
+    return now if rate is None else (1 - alpha) * rate + alpha * now
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
