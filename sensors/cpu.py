@@ -100,10 +100,10 @@ def read_cpu(reader: Reader, inventory: CpuInventory, util_percent: float | None
 _MEMINFO_KEYS = ("MemTotal", "MemAvailable", "SwapTotal", "SwapFree")
 
 
-def read_memory(reader: Reader, root: Root, *, psi: bool) -> Memory:
+def read_memory(reader: Reader, root: Root, *, meminfo: bool, psi: bool) -> Memory:
     path = root.path(MEMINFO)
     kb: dict[str, int | None] = dict.fromkeys(_MEMINFO_KEYS)
-    text = reader.text(path)
+    text = reader.text(path) if meminfo else None
     if text is not None:
         for line in text.splitlines():
             key, _, rest = line.partition(":")

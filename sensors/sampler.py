@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
-from sensors.cpu import CPU_DIR, PSI_MEMORY, CpuInventory, discover_cpus, read_cpu, read_memory
+from sensors.cpu import CPU_DIR, MEMINFO, PSI_MEMORY, CpuInventory, discover_cpus, read_cpu, read_memory
 from sensors.power import Supply, discover_supplies, read_battery
 from sensors.procstats import CpuUtilisation, PsutilSampler
 from sensors.root import Reader, Root
@@ -36,6 +36,7 @@ class Inventory:
     inputs: tuple[Input, ...]
     supplies: tuple[Supply, ...]
     cpus: CpuInventory
+    meminfo: bool
     psi: bool
     at: float
 
@@ -111,6 +112,7 @@ class SensorSampler:
             inputs=inputs,
             supplies=tuple(discover_supplies(self.root, reader)),
             cpus=discover_cpus(self.root, reader),
+            meminfo=self.root.exists(self.root.path(MEMINFO)),
             psi=self.root.exists(self.root.path(PSI_MEMORY)),
             at=now,
         )
@@ -147,7 +149,7 @@ class SensorSampler:
         snapshot = Snapshot.model_construct(
             temperatures=tuple(temperatures),
             battery=battery,
-            memory=read_memory(reader, self.root, psi=inv.psi),
+            memory=read_memory(reader, self.root, meminfo=inv.meminfo, psi=inv.psi),
             cpu=read_cpu(reader, inv.cpus, self._util() if self._util is not None else None),
             problems=tuple(reader.problems),
         )
@@ -186,6 +188,8 @@ class SensorSampler:
             notes.append(f"cpufreq for {len(inv.cpus.cores)} CPUs")
         else:
             notes.append(f"no CPU frequency (no cpufreq under {shown(CPU_DIR)})")
+        if not inv.meminfo:
+            notes.append(f"no memory figures ({shown(MEMINFO)} is absent)")
         if not inv.psi:
             notes.append(f"no memory pressure ({shown(PSI_MEMORY)} is absent)")
         return notes

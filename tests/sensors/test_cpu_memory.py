@@ -1,0 +1,95 @@
+"""cpufreq ratio and the throttled rule; meminfo and PSI."""
+
+from __future__ import annotations
+
+import pytest
+
+from sensors.cpu import parse_cpu_list
+from sensors.sampler import SensorSampler
+from sensors.snapshot import Cpu, Memory
+from tests.sensors.tree import FakeTree
+
+
+class FixedUtil:
+    """A utilisation source that reports what the test says."""
+
+    def __init__(self, percent: float | None) -> None:
+        self.percent = percent
+
+    def __call__(self) -> float | None:
+        return self.percent
+
+
+def cpu_of(tree: FakeTree, util: float | None = None) -> Cpu:
+    return SensorSampler(tree.root, cpu_util=FixedUtil(util)).sample().cpu
+
+
+def test_frequency_ratio_is_the_mean_over_cpus(tree: FakeTree) -> None:
+    tree.cpu(0, cur_khz=1_200_000, max_khz=2_400_000)
+    tree.cpu(1, cur_khz=2_400_000, max_khz=2_400_000)
+    tree.write("sys/devices/system/cpu/online", "0-1")
+    assert cpu_of(tree) == Cpu(freq_ratio=0.75, throttled=False, count=2, util_percent=None)
+
+
+def test_a_lowered_cap_is_throttling(tree: FakeTree) -> None:
+    tree.cpus(4, cur_khz=1_500_000, max_khz=1_800_000)
+    tree.cpu(3, cur_khz=1_000_000, max_khz=1_800_000, scaling_max_khz=1_000_000)
+    cpu = cpu_of(tree)
+    assert cpu.throttled is True
+    assert cpu.freq_ratio == pytest.approx((1.5 * 3 + 1.0) / (1.8 * 4))
+
+
+@pytest.mark.parametrize(("util", "throttled"), [(95.0, True), (50.0, False), (None, False)])
+def test_a_slow_clock_under_load_is_throttling(tree: FakeTree, util: float | None, throttled: bool) -> None:
+    tree.cpus(4, cur_khz=600_000, max_khz=1_800_000)  # a Pi's firmware lowers the clock, not the cap
+    cpu = cpu_of(tree, util)
+    assert cpu.throttled is throttled
+    assert cpu.util_percent == util
+
+
+def test_offline_cpus_are_left_out(tree: FakeTree) -> None:
+    tree.cpus(4, cur_khz=1_000_000, max_khz=2_000_000)
+    tree.cpu(2, cur_khz=2_000_000, max_khz=2_000_000, scaling_max_khz=1_000_000)
+    tree.write("sys/devices/system/cpu/online", "0-1,3")
+    cpu = cpu_of(tree)
+    assert (cpu.count, cpu.freq_ratio, cpu.throttled) == (3, 0.5, False)
+
+
+def test_no_cpufreq_means_unknown_not_zero(tree: FakeTree) -> None:
+    tree.write("sys/devices/system/cpu/online", "0-1")
+    tree.write("sys/devices/system/cpu/cpu0/topology/core_id", 0)
+    assert cpu_of(tree) == Cpu(freq_ratio=None, throttled=None, count=2, util_percent=None)
+
+
+def test_cpu_list_format() -> None:
+    assert parse_cpu_list("0-3,5,7-8") == {0, 1, 2, 3, 5, 7, 8}
+    assert parse_cpu_list("0") == {0}
+
+
+def test_meminfo_and_pressure(tree: FakeTree) -> None:
+    tree.meminfo(total_kb=3_884_000, available_kb=2_100_000, swap_total_kb=102_396, swap_free_kb=51_200)
+    tree.psi(some=12.5, full=3.25)
+    assert SensorSampler(tree.root, cpu_util=None).sample().memory == Memory(
+        total_bytes=3_884_000 * 1024,
+        available_bytes=2_100_000 * 1024,
+        swap_total_bytes=102_396 * 1024,
+        swap_free_bytes=51_200 * 1024,
+        psi_some_avg10=12.5,
+        psi_full_avg10=3.25,
+    )
+
+
+def test_kernel_without_psi_is_normal(tree: FakeTree) -> None:
+    tree.meminfo()
+    sampler = SensorSampler(tree.root, cpu_util=None)
+    snapshot = sampler.sample()
+    assert (snapshot.memory.psi_some_avg10, snapshot.memory.psi_full_avg10) == (None, None)
+    assert snapshot.problems == ()
+    assert any("pressure/memory is absent" in note for note in sampler.notes())
+
+
+def test_meminfo_without_memavailable_is_a_problem(tree: FakeTree) -> None:
+    tree.write("proc/meminfo", "MemTotal:        1000 kB\nMemFree:          500 kB\n", newline=False)
+    snapshot = SensorSampler(tree.root, cpu_util=None).sample()
+    assert (snapshot.memory.total_bytes, snapshot.memory.available_bytes) == (1_024_000, None)
+    assert [(p.path, p.reason) for p in snapshot.problems] == [("/proc/meminfo", "no MemAvailable line")]

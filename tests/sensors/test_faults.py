@@ -1,0 +1,190 @@
+"""Every fault becomes None for that reading plus a Problem naming the path and the reason; sample() never raises."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sensors.root import Root
+from sensors.sampler import SensorSampler
+from sensors.snapshot import Problem, Snapshot
+from tests.sensors.tree import FakeTree
+
+
+class FaultyRoot(Root):
+    """Raises the OSError a real kernel (or SELinux) would, for the chosen kernel paths; reads the rest."""
+
+    def __init__(self, prefix: Path, faults: Mapping[str, int]) -> None:
+        super().__init__(prefix)
+        self.faults = {self.path(rel): code for rel, code in faults.items()}
+
+    def _check(self, path: str) -> None:
+        code = self.faults.get(path)
+        if code is not None:
+            raise OSError(code, os.strerror(code), path)
+
+    def read(self, path: str) -> bytes:
+        self._check(path)
+        return super().read(path)
+
+    def listdir(self, path: str) -> list[str]:
+        self._check(path)
+        return super().listdir(path)
+
+
+def problems(snapshot: Snapshot) -> list[tuple[str, str]]:
+    return [(p.path, p.reason) for p in snapshot.problems]
+
+
+def sample(tree: FakeTree, faults: Mapping[str, int] | None = None) -> Snapshot:
+    root = FaultyRoot(tree.root, faults or {})
+    return SensorSampler(root, cpu_util=None).sample()
+
+
+def test_eio_costs_one_reading(tree: FakeTree) -> None:
+    tree.laptop()
+    snapshot = sample(tree, {"sys/class/thermal/thermal_zone0/temp": errno.EIO})
+    assert [t.temp_c for t in snapshot.temperatures] == [None, 48.0, 53.0]
+    assert problems(snapshot) == [("/sys/class/thermal/thermal_zone0/temp", "EIO: Input/output error")]
+    assert snapshot.battery is not None
+    assert snapshot.battery.percent == 87.0
+
+
+def test_eacces_on_a_battery_file_and_on_a_selinux_denied_directory(tree: FakeTree) -> None:
+    tree.laptop()
+    snapshot = sample(tree, {"sys/class/power_supply/BAT0/status": errno.EACCES})
+    assert snapshot.battery is not None
+    assert (snapshot.battery.charging, snapshot.battery.plugged, snapshot.battery.percent) == (None, False, 87.0)
+    assert problems(snapshot) == [("/sys/class/power_supply/BAT0/status", "EACCES: Permission denied")]
+
+    snapshot = sample(tree, {"sys/class/thermal": errno.EACCES})
+    assert [t.source for t in snapshot.temperatures] == ["hwmon0/temp1"]
+    assert problems(snapshot) == [("/sys/class/thermal", "EACCES: Permission denied")]
+
+
+def test_hwmon_sensor_not_ready_enodata(tree: FakeTree) -> None:
+    tree.hwmon(0, "nct6775", {1: {"input": 40000}, 2: {"input": 41000}})
+    snapshot = sample(tree, {"sys/class/hwmon/hwmon0/temp2_input": errno.ENODATA})
+    assert [t.temp_c for t in snapshot.temperatures] == [40.0, None]
+    assert problems(snapshot) == [("/sys/class/hwmon/hwmon0/temp2_input", "ENODATA: No data available")]
+
+
+def test_a_directory_where_a_file_should_be_gives_a_real_eisdir(tree: FakeTree) -> None:
+    tree.thermal_zone(0)
+    temp = tree.path("sys/class/thermal/thermal_zone0/temp")
+    temp.unlink()
+    temp.mkdir()
+    snapshot = SensorSampler(tree.root, cpu_util=None).sample()
+    assert snapshot.temperatures[0].temp_c is None
+    assert problems(snapshot) == [("/sys/class/thermal/thermal_zone0/temp", "EISDIR: Is a directory")]
+
+
+def test_a_file_that_vanishes_is_reported_once_then_rediscovered(tree: FakeTree) -> None:
+    tree.thermal_zone(0)
+    tree.thermal_zone(1)
+    sampler = SensorSampler(tree.root, cpu_util=None, rediscover_s=3600)
+    assert len(sampler.sample().temperatures) == 2
+    shutil.rmtree(tree.path("sys/class/thermal/thermal_zone1"))
+    snapshot = sampler.sample()
+    assert [t.temp_c for t in snapshot.temperatures] == [45.0, None]
+    assert problems(snapshot) == [
+        ("/sys/class/thermal/thermal_zone1/temp", "vanished: no such file (rediscovering)"),
+    ]
+    snapshot = sampler.sample()
+    assert [t.source for t in snapshot.temperatures] == ["thermal_zone0"]
+    assert snapshot.problems == ()
+
+
+def test_new_devices_appear_after_the_rediscovery_period(tree: FakeTree) -> None:
+    now = [0.0]
+    tree.thermal_zone(0)
+    sampler = SensorSampler(tree.root, cpu_util=None, rediscover_s=30, monotonic=lambda: now[0])
+    sampler.sample()
+    tree.battery("BAT0")
+    assert sampler.sample().battery is None
+    now[0] = 31.0
+    assert sampler.sample().battery is not None
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [("", "empty"), ("\n", "empty"), ("N/A", "not a number: 'N/A'"), ("nan", "not a number: 'nan'")],
+)
+def test_empty_and_non_numeric_content(tree: FakeTree, content: str, reason: str) -> None:
+    tree.thermal_zone(0, temp=content, trips=())
+    tree.write("sys/class/thermal/thermal_zone0/temp", content, newline=False)
+    snapshot = sample(tree)
+    assert snapshot.temperatures[0].temp_c is None
+    assert problems(snapshot) == [("/sys/class/thermal/thermal_zone0/temp", reason)]
+
+
+@pytest.mark.parametrize(
+    ("rel", "value", "reason"),
+    [
+        ("sys/class/thermal/thermal_zone0/temp", 200000, "absurd: 200 °C is outside -40..150 °C"),
+        ("sys/class/thermal/thermal_zone0/temp", -55000, "absurd: -55 °C is outside -40..150 °C"),
+        ("sys/class/hwmon/hwmon0/temp1_input", 255000, "absurd: 255 °C is outside -40..150 °C"),
+        ("sys/class/power_supply/BAT0/temp", 2000, "absurd: 200 °C is outside -40..150 °C"),
+        ("sys/class/power_supply/BAT0/capacity", 250, "absurd: 250 % is outside 0..100 %"),
+    ],
+)
+def test_absurd_values(tree: FakeTree, rel: str, value: int, reason: str) -> None:
+    tree.laptop()
+    tree.write(rel, value)
+    assert problems(sample(tree)) == [(f"/{rel}", reason)]
+
+
+def test_a_stuck_temperature_while_others_move(tree: FakeTree) -> None:
+    tree.thermal_zone(0, "cpu", 45000)
+    tree.thermal_zone(1, "skin-therm", 137000)
+    sampler = SensorSampler(tree.root, cpu_util=None, stuck_samples=5)
+    snapshots = []
+    for i in range(7):
+        tree.write("sys/class/thermal/thermal_zone0/temp", 45000 + 100 * i)
+        snapshots.append(sampler.sample())
+    assert [s.temperatures[1].temp_c for s in snapshots] == [137.0] * 5 + [None, None]
+    assert snapshots[5].problems == (
+        Problem(
+            path="/sys/class/thermal/thermal_zone1/temp",
+            reason="stuck: 137 °C unchanged for 5 samples while others moved",
+        ),
+    )
+    tree.write("sys/class/thermal/thermal_zone1/temp", 136000)
+    assert sampler.sample().temperatures[1].temp_c == 136.0
+
+
+def test_nothing_is_stuck_when_everything_is_still(tree: FakeTree) -> None:
+    tree.thermal_zone(0, "cpu", 45000)
+    tree.thermal_zone(1, "gpu", 41000)
+    sampler = SensorSampler(tree.root, cpu_util=None, stuck_samples=3)
+    for _ in range(6):
+        snapshot = sampler.sample()
+    assert snapshot.problems == ()
+    assert [t.temp_c for t in snapshot.temperatures] == [45.0, 41.0]
+
+
+_garbage = st.one_of(
+    st.binary(max_size=24),
+    st.sampled_from(["", "-", "1e999", "0x10", "9" * 40, "Charging", "-1", "0-", ",", "\x00"]),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(contents=st.lists(_garbage, min_size=40, max_size=40))
+def test_any_file_content_gives_a_snapshot_never_an_exception(contents: list[bytes | str]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = FakeTree(Path(tmp)).laptop()
+        files = sorted(p for p in tree.root.rglob("*") if p.is_file())
+        for path, content in zip(files, contents, strict=False):
+            path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        snapshot = SensorSampler(tree.root, cpu_util=lambda: 99.0).sample()
+        assert isinstance(snapshot, Snapshot)
+        Snapshot.model_validate_json(snapshot.model_dump_json())  # still a valid trace line

@@ -1,0 +1,140 @@
+"""Builds fake /sys and /proc trees in the kernel's exact formats (one value and a newline per attribute file)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+THERMAL = "sys/class/thermal"
+HWMON = "sys/class/hwmon"
+POWER = "sys/class/power_supply"
+CPU = "sys/devices/system/cpu"
+
+MEMINFO = """\
+MemTotal:        {total} kB
+MemFree:          812340 kB
+MemAvailable:    {available} kB
+Buffers:           52340 kB
+Cached:          1203344 kB
+SwapCached:            0 kB
+SwapTotal:       {swap_total} kB
+SwapFree:        {swap_free} kB
+Dirty:               132 kB
+"""
+
+
+class FakeTree:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, rel: str) -> Path:
+        return self.root / rel
+
+    def write(self, rel: str, value: str | int, *, newline: bool = True) -> Path:
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{value}\n" if newline else str(value))
+        return path
+
+    def thermal_zone(
+        self,
+        n: int,
+        zone_type: str = "cpu-thermal",
+        temp: str | int = 45000,
+        trips: tuple[tuple[str, str | int], ...] = (("passive", 85000), ("critical", 105000)),
+    ) -> str:
+        zone = f"{THERMAL}/thermal_zone{n}"
+        self.write(f"{zone}/type", zone_type)
+        self.write(f"{zone}/temp", temp)
+        self.write(f"{zone}/mode", "enabled")
+        self.write(f"{zone}/policy", "step_wise")
+        for i, (trip_type, trip_temp) in enumerate(trips):
+            self.write(f"{zone}/trip_point_{i}_type", trip_type)
+            self.write(f"{zone}/trip_point_{i}_temp", trip_temp)
+            self.write(f"{zone}/trip_point_{i}_hyst", 2000)
+        return f"{zone}/temp"
+
+    def hwmon(self, n: int, name: str, temps: Mapping[int, Mapping[str, str | int]]) -> str:
+        """temps: {1: {"input": 52000, "label": "Core 0", "max": 80000, "crit": 100000}, ...}"""
+        chip = f"{HWMON}/hwmon{n}"
+        self.write(f"{chip}/name", name)
+        for number, attrs in temps.items():
+            for attr, value in attrs.items():
+                self.write(f"{chip}/temp{number}_{attr}", value)
+        return chip
+
+    def supply(self, name: str, **attrs: str | int) -> str:
+        for attr, value in attrs.items():
+            self.write(f"{POWER}/{name}/{attr}", value)
+        self.write(f"{POWER}/{name}/uevent", f"POWER_SUPPLY_NAME={name}")
+        return f"{POWER}/{name}"
+
+    def battery(self, name: str = "BAT0", **attrs: str | int) -> str:
+        defaults: dict[str, str | int] = {
+            "type": "Battery",
+            "present": 1,
+            "status": "Discharging",
+            "capacity": 87,
+            "power_now": 5_200_000,
+            "energy_now": 43_500_000,
+            "energy_full": 50_000_000,
+            "voltage_now": 12_100_000,
+        }
+        return self.supply(name, **{**defaults, **attrs})
+
+    def mains(self, name: str = "AC", online: int = 1) -> str:
+        return self.supply(name, type="Mains", online=online)
+
+    def cpu(
+        self, n: int, cur_khz: int = 1_500_000, max_khz: int = 2_400_000, scaling_max_khz: int | None = None
+    ) -> str:
+        freq = f"{CPU}/cpu{n}/cpufreq"
+        self.write(f"{freq}/scaling_cur_freq", cur_khz)
+        self.write(f"{freq}/cpuinfo_max_freq", max_khz)
+        self.write(f"{freq}/cpuinfo_min_freq", 600_000)
+        self.write(f"{freq}/scaling_max_freq", scaling_max_khz or max_khz)
+        self.write(f"{freq}/scaling_governor", "schedutil")
+        return freq
+
+    def cpus(self, count: int, **kwargs: int) -> None:
+        for n in range(count):
+            self.cpu(n, **kwargs)
+        self.write(f"{CPU}/online", f"0-{count - 1}" if count > 1 else "0")
+
+    def meminfo(
+        self, total_kb: int = 8_000_000, available_kb: int = 6_000_000, swap_total_kb: int = 0, swap_free_kb: int = 0
+    ) -> str:
+        text = MEMINFO.format(total=total_kb, available=available_kb, swap_total=swap_total_kb, swap_free=swap_free_kb)
+        return str(self.write("proc/meminfo", text, newline=False))
+
+    def psi(self, some: float = 0.0, full: float = 0.0) -> str:
+        text = (
+            f"some avg10={some:.2f} avg60=0.00 avg300=0.00 total=1234\n"
+            f"full avg10={full:.2f} avg60=0.00 avg300=0.00 total=567\n"
+        )
+        return str(self.write("proc/pressure/memory", text, newline=False))
+
+    def laptop(self) -> FakeTree:
+        """A typical machine: two zones, a coretemp chip, one battery and mains, 4 CPUs, meminfo and PSI."""
+        self.thermal_zone(0, "x86_pkg_temp", 52000)
+        self.thermal_zone(1, "acpitz", 48000, trips=(("critical", 103000),))
+        self.hwmon(0, "coretemp", {1: {"input": 53000, "label": "Package id 0", "max": 84000, "crit": 100000}})
+        self.battery()
+        self.mains(online=0)
+        self.cpus(4)
+        self.meminfo()
+        self.psi(1.5, 0.25)
+        return self
+
+    def big(self, zones: int = 16, chips: int = 8, cpus: int = 8) -> FakeTree:
+        """The benchmark's tree: 16 zones, 8 hwmon chips of 2 inputs, a battery and mains, 8 CPUs."""
+        for n in range(zones):
+            self.thermal_zone(n, f"cpu-{n}-usr", 40000 + 500 * n)
+        for n in range(chips):
+            self.hwmon(n, f"chip{n}", {i: {"input": 45000 + i, "label": f"Core {i}", "crit": 100000} for i in (1, 2)})
+        self.battery()
+        self.mains()
+        self.cpus(cpus)
+        self.meminfo()
+        self.psi()
+        return self
