@@ -48,6 +48,7 @@ class GovernorLoop:
         *,
         holds: Callable[[float], Sequence[Hold]] = lambda _t: (),
         listeners: Sequence[TickListener] = (),
+        before_tick: Sequence[Callable[[], None]] = (),
     ) -> None:
         self.sensors = sensors
         self.decider = decider
@@ -55,6 +56,7 @@ class GovernorLoop:
         self.clock = clock
         self._holds = holds
         self.listeners = list(listeners)
+        self.before_tick = list(before_tick)  # run by `run()` between ticks: the daemon's reload
         self.last: Decision | None = None
         self._applied: EngineConfig | None = None
         self.wake = threading.Event()  # set by udev events, a reload or a hold: tick now
@@ -80,6 +82,8 @@ class GovernorLoop:
     def run(self, stop: threading.Event) -> None:
         """Tick until `stop` is set; a set `wake` cuts the wait short. `stop` should also set `wake`."""
         while not stop.is_set():
+            for hook in self.before_tick:
+                hook()
             decision = self.tick()
             self.clock.wait(self.wake, self.decider.interval_s(decision))
             self.wake.clear()

@@ -1,9 +1,209 @@
-"""Placeholder: this area's subcommands are registered here."""
+"""`governor run` and its clients: status, why, hold, reload, record, metrics; and install-service."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from policies.decision import State
+
+if TYPE_CHECKING:
+    from governor.daemon.client import ControlClient
+
+
+def default_control_socket() -> Path:
+    """$GOVERNOR_CONTROL_SOCKET, else this user's daemon if it runs, else the system daemon's."""
+    from governor.daemon.config import default_dirs
+
+    if os.environ.get("GOVERNOR_CONTROL_SOCKET"):
+        return Path(os.environ["GOVERNOR_CONTROL_SOCKET"])
+    mine = default_dirs()[0] / "control.sock"
+    system = Path("/run/governor/control.sock")
+    return mine if mine.exists() or not system.exists() else system
+
+
+def _client(args: argparse.Namespace) -> ControlClient:
+    from governor.daemon.client import ControlClient
+
+    return ControlClient(args.control_socket or default_control_socket())
+
+
+def _run(args: argparse.Namespace) -> int:
+    from governor.daemon.app import build
+    from governor.daemon.config import load_config
+
+    overrides = {
+        "policy": args.policy,
+        "root": args.root,
+        "models": args.models,
+        "control_socket": args.control_socket,
+        "engine_socket": args.engine_socket,
+        "state_dir": args.state_dir,
+        "group": args.group,
+        "metrics_textfile": args.metrics_textfile,
+        "udev": False if args.no_udev else None,
+    }
+    return build(load_config(args.config, overrides)).run()
+
+
+def _status(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from governor.daemon.render import status_table
+
+    client = _client(args)
+    status = client.request("status")["status"]
+    if args.json:
+        print(json.dumps(status))
+    else:
+        status_table(status, Console())
+    return 0
+
+
+def _why(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from governor.daemon.render import why_table
+
+    client = _client(args)
+    decisions = client.request("why", n=args.n)["decisions"]
+    if args.json:
+        for d in decisions:
+            print(json.dumps(d))
+    else:
+        why_table(decisions, Console())
+    return 0
+
+
+def _hold(args: argparse.Namespace) -> int:
+    from governor.errors import GovernorError
+
+    if args.state is None and args.max_threads is None and args.max_tokens_per_s is None:
+        raise GovernorError("hold what? give a STATE, --max-threads N or --max-tokens-per-s X")
+    client = _client(args)
+    fields = {
+        "state": args.state,
+        "max_threads": args.max_threads,
+        "max_tokens_per_s": args.max_tokens_per_s,
+        "ttl_s": args.ttl,
+    }
+    with client.hold(**{k: v for k, v in fields.items() if v is not None}) as (answer, events):
+        until = f"for {args.ttl:g} s" if args.ttl else "until Ctrl-C"
+        print(f"hold {answer['hold']} in force {until} (hot and critical still override it)", flush=True)
+        try:
+            for event in events:
+                if event.get("event") == "released":
+                    print(f"hold {answer['hold']} released ({event.get('why')})")
+                    return 0
+        except KeyboardInterrupt:
+            print(f"hold {answer['hold']} released")
+            return 0
+    print("the governor closed the connection; hold released")
+    return 0
+
+
+def _reload(args: argparse.Namespace) -> int:
+    client = _client(args)
+    answer = client.request("reload")
+    print(f"policy {answer['policy']} reloaded")
+    return 0
+
+
+def _metrics(args: argparse.Namespace) -> int:
+    client = _client(args)
+    sys.stdout.write(client.request("metrics")["text"])
+    return 0
+
+
+def _record(args: argparse.Namespace) -> int:
+    client = _client(args)
+    lines = 0
+    with args.file.open("w") as out:
+        try:
+            for line in client.record(args.seconds):
+                out.write(line + "\n")
+                out.flush()
+                lines += 1
+        except KeyboardInterrupt:
+            pass  # Ctrl-C ends a recording; what was written is kept
+    print(f"recorded {lines} ticks to {args.file}", file=sys.stderr)
+    return 0
+
+
+def _install_service(args: argparse.Namespace) -> int:
+    from governor.daemon import services
+
+    kind = args.kind or services.detect_kind(os.environ, os.geteuid())
+    run_args = ["--config", str(args.config)] if args.config else []
+    files = services.plan(kind, dest=args.dest, boot_dir=args.boot_dir, args=run_args)
+    if args.dry_run:
+        for f in files:
+            print(f"# {f.path}{' (executable)' if f.executable else ''}\n{f.text}")
+    else:
+        services.write(files)
+        for f in files:
+            print(f"wrote {f.path}")
+    print(services.how_to_enable(kind))
+    return 0
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    del sub
+    run = sub.add_parser("run", help="run the governor daemon: sensors -> policy -> engine, with a control socket")
+    run.add_argument(
+        "--config",
+        type=Path,
+        help="daemon config TOML (default: /etc/governor/governor.toml for root, "
+        "~/.config/governor/governor.toml for a user, when present)",
+    )
+    run.add_argument("--policy", help="a shipped profile name or a policy TOML file (default: default)")
+    run.add_argument("--root", type=Path, help="read /sys and /proc under this directory (default /)")
+    run.add_argument("--models", type=Path, help="model ladder TOML (default: the demo ladder, written on first run)")
+    run.add_argument("--control-socket", type=Path, help="control socket path")
+    run.add_argument("--engine-socket", type=Path, help="the engine's chat socket path")
+    run.add_argument("--state-dir", type=Path, help="state directory (demo models live here)")
+    run.add_argument("--group", help="let this group use the control socket (mode 0660 instead of 0600)")
+    run.add_argument("--metrics-textfile", type=Path, help="also write Prometheus metrics to this node_exporter file")
+    run.add_argument("--no-udev", action="store_true", help="do not watch udev events; poll only")
+    run.set_defaults(func=_run)
+
+    def client(name: str, help_: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("--control-socket", type=Path, help="the daemon's control socket (default: found)")
+        return p
+
+    p = client("status", "the governor's state, engine config, readings and holds")
+    p.add_argument("--json", action="store_true", help="print the status as one JSON object")
+    p.set_defaults(func=_status)
+    p = client("why", "the last decisions with their reasons")
+    p.add_argument("-n", type=int, default=15, help="how many (default 15)")
+    p.add_argument("--json", action="store_true", help="one JSON object per decision")
+    p.set_defaults(func=_why)
+    p = client("hold", "hold a state or limits until Ctrl-C or --ttl; hot and critical still override it")
+    p.add_argument("state", nargs="?", choices=[s.value for s in State], help="the state whose profile to hold")
+    p.add_argument("--max-threads", type=int, help="cap the engine's threads")
+    p.add_argument("--max-tokens-per-s", type=float, help="cap the token rate")
+    p.add_argument("--ttl", type=float, help="release after this many seconds")
+    p.set_defaults(func=_hold)
+    p = client("reload", "reload the policy (like SIGHUP); a bad policy is reported and the last good one kept")
+    p.set_defaults(func=_reload)
+    p = client("record", "write the live trace (replay format: TraceRecord JSON lines) until Ctrl-C or --seconds")
+    p.add_argument("file", type=Path)
+    p.add_argument("--seconds", type=float, help="stop after this long")
+    p.set_defaults(func=_record)
+    p = client("metrics", "print the daemon's Prometheus metrics")
+    p.set_defaults(func=_metrics)
+
+    p = sub.add_parser("install-service", help="write the systemd unit or Termux service scripts for this install")
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument("--system", dest="kind", action="store_const", const="system", help="a systemd system service")
+    kind.add_argument("--user", dest="kind", action="store_const", const="user", help="a systemd user service")
+    kind.add_argument("--termux", dest="kind", action="store_const", const="termux", help="termux-services + Boot")
+    p.add_argument("--dest", "--prefix", type=Path, help="write under this directory instead of the usual one")
+    p.add_argument("--boot-dir", type=Path, help="Termux:Boot script directory (default ~/.termux/boot)")
+    p.add_argument("--config", type=Path, help="pass this config file to `governor run`")
+    p.add_argument("--dry-run", action="store_true", help="print the files instead of writing them")
+    p.set_defaults(func=_install_service)

@@ -1,0 +1,136 @@
+"""The composition root: `build(config)` makes every part of the daemon and passes each one in.
+
+sensors (SensorSampler under --root) -> policy Governor (with the ladder's memory footprints) wrapped by the
+supervisor's word -> the supervised engine child and its client; plus holds, the control socket, udev events,
+sd_notify, metrics and the recorder feed. Time is injected: the lab runs the same GovernorLoop on a VirtualClock.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import structlog
+
+from governor.clock import Clock, RealClock
+from governor.daemon.config import DaemonConfig
+from governor.daemon.engine import SupervisedEngine, engine_command
+from governor.daemon.holds import HoldRegistry
+from governor.daemon.metrics import DaemonMetrics
+from governor.daemon.notify import Notifier
+from governor.daemon.runtime import Closeable, Daemon
+from governor.daemon.state import DaemonState
+from governor.daemon.supervisor import EngineSupervisor, SupervisedDecider
+from governor.engine.client import EngineClient, EngineUnavailable
+from governor.errors import GovernorError
+from governor.loop import Decider, GovernorLoop
+from policies.ladder import ModelLadder, load_ladder
+from sensors.events import UdevEvent, UdevEvents
+from sensors.sampler import make_sampler
+
+
+def ladder_path(config: DaemonConfig) -> Path:
+    """The configured ladder, else the demo ladder in the state directory (written on first use)."""
+    if config.models is not None:
+        return config.models
+    from governor.engine.demo import is_current, write_demo_models
+
+    directory = config.state_dir / "demo-models"
+    if is_current(directory):
+        return directory / "ladder.toml"
+    structlog.get_logger("governor.daemon").info("writing the demo models (random weights)", dir=str(directory))
+    return write_demo_models(directory)
+
+
+def policy_loader(ladder: ModelLadder) -> Callable[[str], Decider]:
+    """name or file -> the policy core, with each tier's memory footprint read once from its GGUF header."""
+    from policies import Governor, load_policy
+    from policies.memfit import ModelFootprint
+
+    footprints = {tier.name: ModelFootprint.from_gguf(tier.path) for tier in ladder.tiers}
+
+    def load(name: str) -> Decider:
+        return Governor(load_policy(name), ladder=ladder, footprints=footprints)
+
+    return load
+
+
+def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str, str] | None = None) -> Daemon:
+    clock = clock if clock is not None else RealClock()
+    env = os.environ if env is None else env
+    for directory in (config.state_dir, config.control_socket.parent, config.engine_socket.parent):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise GovernorError(f"{directory}: cannot create: {exc.strerror} (set it in the config file)") from exc
+    lpath = ladder_path(config)
+    ladder = load_ladder(lpath)
+    load_decider = policy_loader(ladder)
+    inner = load_decider(config.policy)  # a bad policy at start is an error; on reload the last good one is kept
+
+    sensors = make_sampler(config.root, environ=env)
+    state = DaemonState()
+    client = EngineClient(config.engine_socket, timeout_s=5.0)
+
+    def ready(timeout_s: float) -> bool:
+        try:
+            client.wait_ready(timeout_s)
+        except EngineUnavailable:
+            return False
+        return True
+
+    loop_ref: list[GovernorLoop] = []  # the supervisor and holds wake the loop, which is built after them
+
+    def wake() -> None:
+        if loop_ref:
+            loop_ref[0].wake.set()
+
+    holds = HoldRegistry(on_change=wake)
+
+    supervisor = EngineSupervisor(
+        command=lambda cfg: engine_command(lpath, config.engine_socket, cfg),
+        ready=ready,
+        configure=client.apply,
+        ladder=ladder,
+        restart=config.restart,
+        clock=clock,
+        latest_snapshot=lambda: state.snapshot,
+        on_change=wake,
+    )
+    decider = SupervisedDecider(inner, supervisor)
+    engine = SupervisedEngine(client, supervisor)
+    loop = GovernorLoop(sensors, decider, engine, clock, holds=holds.in_force)
+    loop_ref.append(loop)
+
+    def on_uevent(event: UdevEvent) -> None:
+        if event.action in ("add", "remove") and hasattr(sensors, "invalidate"):
+            sensors.invalidate()  # a supply or zone came or went: rediscover before the next sample
+        loop.wake.set()
+
+    events = UdevEvents(on_uevent) if config.udev else None
+    metrics = DaemonMetrics(
+        textfile=config.metrics_textfile,
+        extra=lambda: {
+            "engine_starts": float(supervisor.status.starts),
+            "engine_failures": float(supervisor.status.failures),
+            "engine_given_up": float(supervisor.status.critical is not None),
+            "holds": float(len(holds.all())),
+        },
+    )
+    closeables: tuple[Closeable, ...] = (client, sensors)
+    return Daemon(
+        config=config,
+        clock=clock,
+        loop=loop,
+        decider=decider,
+        load_decider=load_decider,
+        supervisor=supervisor,
+        engine=engine,
+        holds=holds,
+        state=state,
+        metrics=metrics,
+        notifier=Notifier(env),
+        events=events,
+        closeables=closeables,
+    )

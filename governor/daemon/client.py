@@ -1,0 +1,82 @@
+"""The control socket's client, used by `governor status/why/hold/reload/record/metrics`."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from governor.daemon.control import ControlError
+
+
+class ControlClient:
+    def __init__(self, path: Path, *, timeout_s: float = 15.0) -> None:
+        self.path = path
+        self.timeout_s = timeout_s
+
+    @contextmanager
+    def _connect(self, request: dict[str, Any]) -> Iterator[tuple[socket.socket, Any]]:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout_s)
+        try:
+            sock.connect(str(self.path))
+        except OSError as exc:
+            sock.close()
+            raise ControlError(
+                f"cannot reach the governor at {self.path}: {exc.strerror or exc} (is `governor run` running?)"
+            ) from None
+        with sock, sock.makefile("rb") as lines:
+            sock.sendall(json.dumps(request).encode() + b"\n")
+            yield sock, lines
+
+    @staticmethod
+    def _answer(lines: Any) -> dict[str, Any]:
+        raw = lines.readline()
+        if not raw:
+            raise ControlError("the governor closed the connection without answering")
+        answer: dict[str, Any] = json.loads(raw)
+        if not answer.get("ok", True):
+            raise ControlError(str(answer.get("error", "request failed")))
+        return answer
+
+    def request(self, cmd: str, **fields: Any) -> dict[str, Any]:
+        with self._connect({"cmd": cmd, **fields}) as (_sock, lines):
+            return self._answer(lines)
+
+    @contextmanager
+    def hold(self, **fields: Any) -> Iterator[tuple[dict[str, Any], Iterator[dict[str, Any]]]]:
+        """Holds while the `with` block runs; the iterator yields the daemon's events (e.g. the TTL ended)."""
+        with self._connect({"cmd": "hold", **fields}) as (sock, lines):
+            answer = self._answer(lines)
+            sock.settimeout(None)
+
+            def events() -> Iterator[dict[str, Any]]:
+                for raw in lines:
+                    yield json.loads(raw)
+
+            yield answer, events()
+
+    def record(self, seconds: float | None = None) -> Iterator[str]:
+        """Trace lines (TraceRecord JSON), one per tick, until the daemon stops, `seconds` pass, or the caller stops."""
+        deadline = None if seconds is None else time.monotonic() + seconds
+        with self._connect({"cmd": "record"}) as (sock, lines):
+            self._answer(lines)
+            while True:
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return
+                    sock.settimeout(left)
+                else:
+                    sock.settimeout(None)
+                try:
+                    raw = lines.readline()
+                except TimeoutError:
+                    return
+                if not raw:
+                    return
+                yield raw.decode().rstrip("\n")

@@ -1,0 +1,126 @@
+"""The daemon's config file (TOML, validated with extra="forbid") and its defaults for systemd, a user and Termux.
+
+    policy = "default"                 # a shipped profile name or a policy TOML file
+    root = "/"                         # where /sys and /proc are read (tests: a fake tree)
+    models = "/var/lib/governor/models/ladder.toml"   # absent: the demo ladder, written on first run
+    control_socket = "/run/governor/control.sock"
+    engine_socket = "/run/governor/engine.sock"
+    state_dir = "/var/lib/governor"
+    group = "governor"                 # absent: sockets are 0600 (owner only); set: 0660 for this group
+    metrics_textfile = "/var/lib/node_exporter/textfile/governor.prom"
+    [restart]
+    initial_s = 1.0
+    max_s = 60.0
+    max_failures = 5
+
+Command-line flags override the file; the file overrides the defaults.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from governor.daemon.supervisor import RestartPolicy
+from governor.errors import GovernorError
+
+
+class ConfigError(GovernorError):
+    pass
+
+
+class DaemonConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    policy: str = "default"
+    root: Path = Path("/")
+    models: Path | None = None
+    control_socket: Path
+    engine_socket: Path
+    state_dir: Path
+    group: str | None = None
+    metrics_textfile: Path | None = None
+    udev: bool = True  # watch power_supply/thermal uevents (says so once and polls when udev is unavailable)
+    drain_timeout_s: float = Field(default=10.0, ge=0)  # at shutdown, how long a running answer may finish
+    stop_timeout_s: float = Field(default=10.0, gt=0)  # then how long the engine gets after SIGTERM
+    restart: RestartPolicy = RestartPolicy()
+
+
+def default_dirs(env: Mapping[str, str] | None = None, euid: int | None = None) -> tuple[Path, Path]:
+    """(runtime dir, state dir): systemd's RuntimeDirectory/StateDirectory, root's /run and /var/lib, or the user's."""
+    env = os.environ if env is None else env
+    euid = os.geteuid() if euid is None else euid
+    if euid == 0:
+        runtime, state = Path("/run/governor"), Path("/var/lib/governor")
+    else:
+        xdg_runtime = env.get("XDG_RUNTIME_DIR")
+        tmp = Path(env.get("TMPDIR", "/tmp"))
+        runtime = Path(xdg_runtime) / "governor" if xdg_runtime else tmp / f"governor-{euid}"
+        xdg_state = env.get("XDG_STATE_HOME")
+        state = Path(xdg_state) if xdg_state else Path(env.get("HOME", str(tmp))) / ".local" / "state"
+        state = state / "governor"
+    # systemd's RuntimeDirectory= / StateDirectory= may list several, colon-separated; the first is ours.
+    if env.get("RUNTIME_DIRECTORY"):
+        runtime = Path(env["RUNTIME_DIRECTORY"].split(":")[0])
+    if env.get("STATE_DIRECTORY"):
+        state = Path(env["STATE_DIRECTORY"].split(":")[0])
+    return runtime, state
+
+
+def default_config_file(env: Mapping[str, str] | None = None, euid: int | None = None) -> Path:
+    env = os.environ if env is None else env
+    euid = os.geteuid() if euid is None else euid
+    if euid == 0:
+        return Path("/etc/governor/governor.toml")
+    base = env.get("XDG_CONFIG_HOME") or str(Path(env.get("HOME", "/")) / ".config")
+    return Path(base) / "governor" / "governor.toml"
+
+
+def _line_of(text: str, key: str) -> int | None:
+    for number, line in enumerate(text.splitlines(), 1):
+        if re.match(rf"\s*{re.escape(key)}\s*=", line):
+            return number
+    return None
+
+
+def load_config(
+    path: Path | None,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    euid: int | None = None,
+) -> DaemonConfig:
+    """`path` None: the default file if it exists. `overrides` (non-None values) are the command line's."""
+    explicit = path is not None
+    path = path if path is not None else default_config_file(env, euid)
+    data: dict[str, Any] = {}
+    text = ""
+    if explicit or path.exists():
+        try:
+            text = path.read_text()
+            data = tomllib.loads(text)
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    runtime, state = default_dirs(env, euid)
+    defaults = {
+        "control_socket": runtime / "control.sock",
+        "engine_socket": runtime / "engine.sock",
+        "state_dir": state,
+    }
+    merged = {**defaults, **data, **{k: v for k, v in (overrides or {}).items() if v is not None}}
+    try:
+        return DaemonConfig.model_validate(merged)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        line = _line_of(text, str(err["loc"][-1])) if err["loc"] else None
+        where = f"{path}:{line}" if line else str(path)
+        raise ConfigError(f"{where}: {field}: {err['msg']}") from exc

@@ -1,0 +1,92 @@
+"""The engine as the loop sees it: the supervised child process plus its client, behind `EngineControl`.
+
+`apply()` never blocks the loop: a model or context change makes the engine reload at a token boundary, which can
+take seconds, so configs go to one applier thread that always posts the latest one (older ones are skipped).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+from typing import Protocol
+
+import structlog
+
+from governor.daemon.supervisor import EngineSupervisor
+from governor.errors import GovernorError
+from policies.decision import EngineConfig
+from sensors.snapshot import EngineObservation
+
+
+class EngineLink(Protocol):
+    """The engine client, as the daemon uses it (governor.engine.client.EngineClient)."""
+
+    def observe(self) -> EngineObservation | None: ...
+
+    def apply(self, config: EngineConfig) -> None: ...
+
+
+def engine_command(ladder: Path, socket_path: Path, config: EngineConfig) -> list[str]:
+    """The child's argv: the engine process of the engine issue, with this decision's settings."""
+    return [
+        sys.executable,
+        "-m",
+        "governor",
+        "--log-json",
+        "engine",
+        "--models",
+        str(ladder),
+        "--tier",
+        config.model,
+        "--socket",
+        str(socket_path),
+        "--threads",
+        str(config.threads),
+        "--ctx",
+        str(config.n_ctx),
+        "--kv",
+        config.kv_type,
+    ]
+
+
+class SupervisedEngine:
+    def __init__(self, link: EngineLink, supervisor: EngineSupervisor) -> None:
+        self.link = link
+        self.supervisor = supervisor
+        self._cond = threading.Condition()
+        self._next: EngineConfig | None = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._apply_latest, name="engine-applier", daemon=True)
+        self._thread.start()
+        self._log = structlog.get_logger("governor.engine")
+
+    def observe(self) -> EngineObservation | None:
+        return self.link.observe() if self.supervisor.ready else None
+
+    def apply(self, config: EngineConfig) -> None:
+        self.supervisor.want(config)  # the first decision starts the engine with its settings
+        with self._cond:
+            self._next = config
+            self._cond.notify()
+
+    def _apply_latest(self) -> None:
+        while True:
+            with self._cond:
+                while self._next is None and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                config, self._next = self._next, None
+            if config is None or not self.supervisor.ready:
+                continue  # a (re)starting engine gets the latest desired config once it is ready
+            try:
+                self.link.apply(self.supervisor.capped(config))
+            except (GovernorError, OSError) as exc:  # refused or unreachable: the next decision or restart retries
+                self._log.warning("engine did not take the config", error=str(exc), **config.model_dump())
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(5.0)

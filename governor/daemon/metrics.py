@@ -1,0 +1,86 @@
+"""Prometheus metrics for fleets: served on the control socket (`GET /metrics`) and/or a node_exporter textfile.
+
+A private CollectorRegistry (not the global one), so several daemons in one test process never share series.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, write_to_textfile
+
+from policies.decision import Decision, State
+from sensors.snapshot import EngineObservation, Snapshot
+
+TEXTFILE_EVERY_S = 5.0  # node_exporter reads the file at scrape time; rewriting it each tick buys nothing
+
+
+def _nan(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
+class DaemonMetrics:
+    def __init__(self, *, textfile: Path | None = None, extra: Callable[[], dict[str, float]] | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.state = Gauge("governor_state", "1 for the current state", ["state"], registry=r)
+        self.threads = Gauge("governor_engine_threads", "Threads the engine is asked to use", registry=r)
+        self.n_ctx = Gauge("governor_engine_n_ctx", "Context length the engine is asked to use", registry=r)
+        self.rate_cap = Gauge("governor_engine_max_tokens_per_s", "Token-rate cap (NaN: none)", registry=r)
+        self.model = Gauge("governor_engine_model", "1 for the model tier in use", ["model"], registry=r)
+        self.tokens = Gauge("governor_engine_tokens_per_second", "Engine's recent decode rate", registry=r)
+        self.rss = Gauge("governor_engine_rss_bytes", "Engine process resident memory", registry=r)
+        self.busy = Gauge("governor_engine_busy", "1 while the engine is generating", registry=r)
+        self.temp = Gauge("governor_temperature_celsius", "Temperature readings", ["source", "label"], registry=r)
+        self.battery = Gauge("governor_battery_percent", "Battery charge (NaN: no battery)", registry=r)
+        self.plugged = Gauge("governor_battery_plugged", "1 on external power", registry=r)
+        self.mem_avail = Gauge("governor_memory_available_bytes", "MemAvailable", registry=r)
+        self.psi = Gauge("governor_memory_psi_some_avg10", "Memory pressure, PSI some avg10 (%)", registry=r)
+        self.changes = Counter("governor_decision_changes", "Decisions that changed the engine config", registry=r)
+        self.ticks = Counter("governor_ticks", "Loop ticks", registry=r)
+        self.supervision = Gauge("governor_supervisor", "Engine supervision figures", ["figure"], registry=r)
+        self._extra = extra
+        self.textfile = textfile
+        self._written_t = -math.inf
+
+    def on_tick(self, t: float, snapshot: Snapshot, observed: EngineObservation | None, decision: Decision) -> None:
+        for state in State:
+            self.state.labels(state.value).set(1.0 if state == decision.state else 0.0)
+        cfg = decision.engine
+        self.threads.set(cfg.threads)
+        self.n_ctx.set(cfg.n_ctx)
+        self.rate_cap.set(_nan(cfg.max_tokens_per_s))
+        self.model.clear()
+        self.model.labels(cfg.model).set(1)
+        self.tokens.set(_nan(observed.tokens_per_s if observed else None))
+        self.rss.set(_nan(observed.rss_bytes if observed else None))
+        self.busy.set(_nan(float(observed.busy) if observed else None))
+        self.temp.clear()
+        for temp in snapshot.temperatures:
+            if temp.temp_c is not None:
+                self.temp.labels(temp.source, temp.label).set(temp.temp_c)
+        battery = snapshot.battery
+        self.battery.set(_nan(battery.percent if battery else None))
+        plugged = battery.plugged if battery else None
+        self.plugged.set(_nan(None if plugged is None else float(plugged)))
+        self.mem_avail.set(_nan(snapshot.memory.available_bytes))
+        self.psi.set(_nan(snapshot.memory.psi_some_avg10))
+        if decision.changed:
+            self.changes.inc()
+        self.ticks.inc()
+        if self._extra is not None:
+            for figure, value in self._extra().items():
+                self.supervision.labels(figure).set(value)
+        if self.textfile is not None and t - self._written_t >= TEXTFILE_EVERY_S:
+            self.write_textfile()
+            self._written_t = t
+
+    def text(self) -> str:
+        return generate_latest(self.registry).decode()
+
+    def write_textfile(self) -> None:
+        if self.textfile is not None:
+            self.textfile.parent.mkdir(parents=True, exist_ok=True)
+            write_to_textfile(str(self.textfile), self.registry)  # atomic: a temp file renamed into place

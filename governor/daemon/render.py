@@ -1,0 +1,111 @@
+"""How `governor status` and `governor why` look in a terminal (rich tables); `--json` prints the raw answer."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _ago(wall: float | None, now: float) -> str:
+    if wall is None:
+        return "-"
+    seconds = max(0.0, now - wall)
+    when = time.strftime("%H:%M:%S", time.localtime(wall))
+    if seconds < 120:
+        return f"{when} ({seconds:.0f} s ago)"
+    if seconds < 7200:
+        return f"{when} ({seconds / 60:.0f} min ago)"
+    return f"{when} ({seconds / 3600:.1f} h ago)"
+
+
+def _fmt(value: Any, unit: str = "", digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}{unit}"
+    return f"{value}{unit}"
+
+
+def status_table(status: dict[str, Any], console: Console, now: float | None = None) -> None:
+    now = time.time() if now is None else now
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("state", f"[bold]{status.get('state') or 'starting'}[/] since {_ago(status.get('since'), now)}")
+    head.add_row("why", status.get("reason") or "-")
+    policy = status.get("policy") or {}
+    head.add_row(
+        "policy",
+        str(policy.get("name")) + (f"  [red]reload failed: {policy['error']}[/]" if policy.get("error") else ""),
+    )
+    cfg = status.get("config") or {}
+    if cfg:
+        cap = cfg.get("max_tokens_per_s")
+        head.add_row(
+            "engine config",
+            f"model {cfg['model']}, {cfg['threads']} threads, n_ctx {cfg['n_ctx']}, KV {cfg['kv_type']}, "
+            f"rate cap {'none' if cap is None else f'{cap:g} tok/s'}",
+        )
+    eng = status.get("engine")
+    sup = status.get("supervisor") or {}
+    if eng:
+        rss = eng.get("rss_bytes")
+        head.add_row(
+            "engine",
+            f"{'generating' if eng.get('busy') else 'idle'}, {_fmt(eng.get('tokens_per_s'), ' tok/s')}, "
+            f"RSS {'-' if rss is None else f'{rss / 2**20:.0f} MiB'}, pid {sup.get('pid')}",
+        )
+    else:
+        head.add_row("engine", "[yellow]not answering[/]" + (f" ({sup['last_exit']})" if sup.get("last_exit") else ""))
+    if sup.get("critical"):
+        head.add_row("supervisor", f"[red]{sup['critical']}[/]")
+    elif sup.get("cap"):
+        head.add_row(
+            "supervisor", f"capped at {sup['cap']['model']}/n_ctx {sup['cap']['n_ctx']}: {sup['cap']['reason']}"
+        )
+    for hold in status.get("holds") or []:
+        asks = ", ".join(
+            f"{k} {hold[k]}" for k in ("state", "max_threads", "max_tokens_per_s") if hold.get(k) is not None
+        )
+        ttl = hold.get("expires_in_s")
+        head.add_row(f"hold {hold['id']}", f"{asks} by {hold['owner']}" + ("" if ttl is None else f", {ttl:g} s left"))
+    console.print(head)
+
+    readings = status.get("readings") or {}
+    temps = Table(title="readings", title_justify="left", show_edge=False)
+    for col in ("sensor", "label", "value", "trips"):
+        temps.add_column(col)
+    for t in readings.get("temperatures") or []:
+        trips = ", ".join(f"{trip['type']} {trip['temp_c']:g}" for trip in t.get("trips") or [])
+        temps.add_row(t["source"], t["label"], _fmt(t.get("temp_c"), " °C"), trips or "-")
+    bat = readings.get("battery")
+    if bat:
+        plugged = {True: "plugged", False: "on battery", None: "power unknown"}[bat.get("plugged")]
+        temps.add_row(bat["source"], "battery", _fmt(bat.get("percent"), " %", 0), plugged)
+    mem = readings.get("memory") or {}
+    if mem.get("available_bytes") is not None:
+        psi = mem.get("psi_some_avg10")
+        temps.add_row("memory", "available", f"{mem['available_bytes'] / 2**20:.0f} MiB", f"PSI some {_fmt(psi, ' %')}")
+    cpu = readings.get("cpu") or {}
+    if cpu.get("freq_ratio") is not None:
+        temps.add_row("cpu", "freq ratio", _fmt(cpu["freq_ratio"], "", 2), "throttled" if cpu.get("throttled") else "")
+    for problem in readings.get("problems") or []:
+        temps.add_row(problem["path"], "[yellow]problem[/]", "", problem["reason"])
+    console.print(temps)
+
+
+def why_table(decisions: list[dict[str, Any]], console: Console) -> None:
+    table = Table(show_edge=False)
+    for col in ("at", "state", "engine", "why"):
+        table.add_column(col, overflow="fold")
+    for d in decisions:
+        e = d["engine"]
+        cap = e.get("max_tokens_per_s")
+        engine = f"{e['model']} {e['threads']}t ctx {e['n_ctx']} {e['kv_type']}" + (
+            "" if cap is None else f" ≤{cap:g}/s"
+        )
+        table.add_row(time.strftime("%H:%M:%S", time.localtime(d["wall"])), d["state"], engine, d["reason"])
+    console.print(table)

@@ -1,0 +1,249 @@
+"""The running daemon: signals, reload, readiness, the control API, and the phased shutdown.
+
+Everything is built elsewhere (`governor.daemon.app.build`) and passed in. Signal handlers only set flags and wake
+the loop; the loop's thread reloads between ticks, and the main thread shuts down after the loop returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, TimeoutError
+from dataclasses import asdict
+from types import FrameType
+from typing import Any, Protocol
+
+import structlog
+
+from governor.clock import Clock
+from governor.daemon.config import DaemonConfig
+from governor.daemon.control import ControlServer
+from governor.daemon.engine import SupervisedEngine
+from governor.daemon.holds import HoldRegistry
+from governor.daemon.metrics import DaemonMetrics
+from governor.daemon.notify import Notifier
+from governor.daemon.state import DaemonState
+from governor.daemon.supervisor import EngineSupervisor, SupervisedDecider
+from governor.errors import GovernorError
+from governor.loop import Decider, GovernorLoop
+from policies.decision import Decision, Hold
+from sensors.snapshot import EngineObservation, Snapshot, TraceRecord
+
+RELOAD_WAIT_S = 30.0
+DRAIN_POLL_S = 0.2
+
+
+class Closeable(Protocol):
+    def close(self) -> None: ...
+
+
+class Events(Protocol):
+    def start(self) -> bool: ...
+
+    def stop(self) -> None: ...
+
+
+class Daemon:
+    def __init__(
+        self,
+        *,
+        config: DaemonConfig,
+        clock: Clock,
+        loop: GovernorLoop,
+        decider: SupervisedDecider,
+        load_decider: Callable[[str], Decider],
+        supervisor: EngineSupervisor,
+        engine: SupervisedEngine,
+        holds: HoldRegistry,
+        state: DaemonState,
+        metrics: DaemonMetrics,
+        notifier: Notifier,
+        events: Events | None,
+        closeables: tuple[Closeable, ...] = (),
+    ) -> None:
+        self.config, self.clock, self.loop = config, clock, loop
+        self.decider, self._load_decider = decider, load_decider
+        self.supervisor, self.engine = supervisor, engine
+        self.holds, self.state, self.prom, self.notifier = holds, state, metrics, notifier
+        self.events = events
+        self._closeables = closeables
+        self.stop = threading.Event()
+        self._reload = threading.Event()
+        self._waiters: list[Future[dict[str, Any]]] = []
+        self._waiters_lock = threading.Lock()
+        self.policy_name = config.policy
+        self.policy_error: str | None = None
+        self._ready_sent = False
+        self._status_sent = ""
+        self._log = structlog.get_logger("governor.daemon")
+        self.control = ControlServer(config.control_socket, self, group=config.group)
+        loop.before_tick.append(self._between_ticks)
+        loop.listeners.extend([state.on_tick, metrics.on_tick, self._after_tick])
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Serve until SIGTERM/SIGINT (or `stop` is set); then shut down in phases."""
+        self._install_signals()
+        try:
+            self.control.start()
+            if self.events is not None:
+                self.events.start()
+            self._log.info("governor running", control_socket=str(self.config.control_socket), policy=self.policy_name)
+            self.loop.run(self.stop)
+        finally:
+            self.shutdown()
+        return 0
+
+    def request_stop(self) -> None:
+        self.stop.set()
+        self.loop.wake.set()
+
+    def request_reload(self) -> None:
+        self._reload.set()
+        self.loop.wake.set()
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # a test running the daemon in a thread sets `stop` itself
+
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
+            # Only flags: the loop's thread does the work.
+            if signum == signal.SIGHUP:
+                self.request_reload()
+            else:
+                self.request_stop()
+
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, on_signal)
+
+    def shutdown(self) -> None:
+        """Stop accepting -> let the running answer finish (bounded) -> stop the engine -> restore."""
+        log = self._log
+        self.notifier.stopping("stopping: draining the running answer")
+        log.info("stopping", phase="stop accepting")
+        self.control.stop_accepting()
+        if self.events is not None:
+            self.events.stop()
+        log.info("stopping", phase="drain", timeout_s=self.config.drain_timeout_s)
+        deadline = self.clock.now() + self.config.drain_timeout_s
+        drain = threading.Event()
+        while self.clock.now() < deadline:
+            observed = self.engine.observe()
+            if observed is None or not observed.busy:
+                break
+            drain.wait(DRAIN_POLL_S)
+        log.info("stopping", phase="stop engine", timeout_s=self.config.stop_timeout_s)
+        self.supervisor.stop(self.config.stop_timeout_s)
+        self.engine.close()
+        log.info("stopping", phase="restore")
+        self.control.close()
+        self.state.close_recorders()
+        for closeable in self._closeables:
+            closeable.close()
+        if self.config.metrics_textfile is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.config.metrics_textfile.unlink()  # stale figures would read as a live daemon
+        log.info("stopped")
+
+    # -- between and after ticks (the loop's thread) ------------------------------------------------------------
+    def _between_ticks(self) -> None:
+        if not self._reload.is_set():
+            return
+        self._reload.clear()
+        self.notifier.reloading()
+        result: dict[str, Any]
+        try:
+            self.decider.inner = self._load_decider(self.config.policy)
+        except GovernorError as exc:
+            self.policy_error = str(exc)
+            self._log.error("reload failed; keeping the last good policy", error=str(exc), policy=self.policy_name)
+            result = {"ok": False, "error": f"reload failed, kept the last good policy: {exc}"}
+        else:
+            self.policy_error = None
+            self.supervisor.reset()
+            self._log.info("policy reloaded", policy=self.policy_name)
+            result = {"ok": True, "policy": self.policy_name}
+        self.notifier.reloaded(self._status_line())
+        with self._waiters_lock:
+            waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            waiter.set_result(result)
+
+    def _status_line(self) -> str:
+        decision = self.loop.last
+        if decision is None:
+            return "starting"
+        line = f"{decision.state.value}: {decision.reason}"
+        if self.policy_error:
+            line += f" [reload failed: {self.policy_error}]"
+        return line[:400]
+
+    def _after_tick(self, t: float, _s: Snapshot, _o: EngineObservation | None, _decision: Decision) -> None:
+        self.notifier.watchdog(t)
+        line = self._status_line()
+        if not self._ready_sent and (self.supervisor.ready or self.supervisor.status.critical is not None):
+            # Ready once sensors gave a sample and the engine answers (or supervision gave up: say so, not crash).
+            self.notifier.ready(line)
+            self._ready_sent, self._status_sent = True, line
+            self._log.info("ready", status=line)
+        elif line != self._status_sent:
+            self.notifier.status(line)
+            self._status_sent = line
+
+    # -- the control API (server threads) -----------------------------------------------------------------------
+    def now(self) -> float:
+        return self.clock.now()
+
+    def status(self) -> dict[str, Any]:
+        view = self.state.view()
+        now = self.clock.now()
+        sup = self.supervisor.status
+        view.update(
+            pid=os.getpid(),
+            policy={"name": self.policy_name, "error": self.policy_error},
+            supervisor={k: v for k, v in asdict(sup).items() if k != "cap"}
+            | {"cap": sup.cap.model_dump() if sup.cap else None},
+            holds=[
+                {
+                    "id": cookie,
+                    **hold.model_dump(mode="json", exclude={"expires_t"}),
+                    "expires_in_s": None if hold.expires_t is None else round(hold.expires_t - now, 1),
+                }
+                for cookie, hold in self.holds.all().items()
+            ],
+        )
+        return view
+
+    def why(self, n: int) -> list[dict[str, Any]]:
+        return self.state.recent(max(1, n))
+
+    def reload(self) -> dict[str, Any]:
+        waiter: Future[dict[str, Any]] = Future()
+        with self._waiters_lock:
+            self._waiters.append(waiter)
+        self.request_reload()
+        try:
+            return waiter.result(RELOAD_WAIT_S)
+        except TimeoutError:
+            return {"ok": False, "error": f"the loop did not reload within {RELOAD_WAIT_S:g} s"}
+
+    def metrics(self) -> str:
+        return self.prom.text()
+
+    def add_hold(self, hold: Hold) -> int:
+        cookie = self.holds.add(hold)
+        self._log.info("hold taken", hold=cookie, **hold.model_dump(mode="json", exclude_none=True))
+        return cookie
+
+    def release_hold(self, cookie: int) -> None:
+        self.holds.release(cookie)
+
+    def subscribe(self) -> queue.Queue[TraceRecord | None]:
+        return self.state.subscribe()
+
+    def unsubscribe(self, q: queue.Queue[TraceRecord | None]) -> None:
+        self.state.unsubscribe(q)

@@ -1,0 +1,273 @@
+"""The engine child: started from the first decision, restarted with back-off, stepped down after a memory kill.
+
+Supervision feeds the decision through `SupervisedDecider`, a wrapper around the policy core: after a memory kill
+it caps the model tier / context one step below what died (until a reload), and after repeated failures it turns
+the decision into `critical` with the reason. The policy itself stays pure and unaware of processes.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+from pydantic import BaseModel, ConfigDict, Field
+
+from governor.clock import Clock
+from governor.errors import GovernorError
+from governor.loop import Decider
+from policies.decision import Decision, EngineConfig, Hold, State
+from policies.ladder import ModelLadder
+from sensors.snapshot import EngineObservation, Snapshot
+
+MIN_CTX = 256
+
+
+class RestartPolicy(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    initial_s: float = Field(default=1.0, gt=0)
+    factor: float = Field(default=2.0, ge=1)
+    max_s: float = Field(default=60.0, gt=0)
+    max_failures: int = Field(default=5, ge=1)  # consecutive quick deaths before giving up (critical)
+    stable_s: float = Field(default=60.0, gt=0)  # an engine that lived this long resets the failure count
+    oom_psi_some_avg10: float = Field(default=10.0, ge=0)  # PSI at a SIGKILL that counts as a memory kill
+    ready_timeout_s: float = Field(default=120.0, gt=0)
+
+    def delay_s(self, failures: int) -> float:
+        return float(min(self.max_s, self.initial_s * self.factor ** max(0, failures - 1)))
+
+
+class Cap(BaseModel):
+    """The largest engine the supervisor allows after a memory kill."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str
+    n_ctx: int
+    reason: str
+
+
+@dataclass
+class SupervisionStatus:
+    running: bool = False
+    ready: bool = False
+    pid: int | None = None
+    starts: int = 0
+    failures: int = 0
+    last_exit: str | None = None
+    critical: str | None = None
+    cap: Cap | None = None
+    history: list[str] = field(default_factory=list)
+
+
+def step_down(ladder: ModelLadder, config: EngineConfig) -> tuple[str, int] | None:
+    """One step smaller: the next tier down, else half the context; None when nothing is smaller."""
+    smaller = ladder.smaller(config.model)
+    if smaller is not None:
+        return smaller.name, min(config.n_ctx, smaller.n_ctx)
+    if config.n_ctx // 2 >= MIN_CTX:
+        return config.model, config.n_ctx // 2
+    return None
+
+
+def memory_kill_evidence(returncode: int, snapshot: Snapshot | None, psi_threshold: float) -> str | None:
+    """Why we believe a SIGKILL came from memory: PSI memory pressure at the time (simple, readable everywhere)."""
+    if returncode != -signal.SIGKILL or snapshot is None:
+        return None
+    some, full = snapshot.memory.psi_some_avg10, snapshot.memory.psi_full_avg10
+    if some is not None and some >= psi_threshold:
+        return f"SIGKILL while memory pressure was high (PSI some {some:.0f}%, full {full or 0:.0f}%)"
+    return None
+
+
+class EngineSupervisor:
+    def __init__(
+        self,
+        *,
+        command: Callable[[EngineConfig], Sequence[str]],
+        ready: Callable[[float], bool],
+        configure: Callable[[EngineConfig], None],
+        ladder: ModelLadder,
+        restart: RestartPolicy,
+        clock: Clock,
+        latest_snapshot: Callable[[], Snapshot | None] = lambda: None,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        """`command(config)` is the child's argv; `ready(timeout_s)` waits for its socket; `configure` applies a
+        config to a running child (the engine client)."""
+        self._command, self._ready, self._configure = command, ready, configure
+        self.ladder, self.restart, self.clock = ladder, restart, clock
+        self._latest_snapshot, self._on_change = latest_snapshot, on_change
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._retry = threading.Event()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._thread: threading.Thread | None = None
+        self.desired: EngineConfig | None = None
+        self.status = SupervisionStatus()
+        self._log = structlog.get_logger("governor.supervisor")
+
+    # -- called by the loop (through SupervisedEngine) ------------------------------------------------------------
+    def want(self, config: EngineConfig) -> None:
+        with self._lock:
+            self.desired = config
+            start = self._thread is None and not self._stop.is_set()
+            if start:
+                self._thread = threading.Thread(target=self._supervise, name="engine-supervisor", daemon=True)
+        if start and self._thread is not None:
+            self._thread.start()
+
+    def reset(self) -> None:
+        """A reload forgets past failures and memory caps and retries a given-up engine."""
+        with self._lock:
+            self.status.failures, self.status.critical, self.status.cap = 0, None, None
+        self._retry.set()
+
+    # -- the supervising thread -----------------------------------------------------------------------------------
+    def _supervise(self) -> None:
+        while not self._stop.is_set():
+            config = self.desired
+            if config is None:
+                return
+            config = self.capped(config)
+            argv = list(self._command(config))
+            started = self.clock.now()
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+            with self._lock:
+                self._proc = proc
+                self.status.running, self.status.ready, self.status.pid = True, False, proc.pid
+                self.status.starts += 1
+            self._log.info("engine started", pid=proc.pid, model=config.model, threads=config.threads)
+            if self._wait_ready(proc):
+                self._on_change()
+            returncode = proc.wait()
+            with self._lock:
+                self.status.running, self.status.ready, self.status.pid = False, False, None
+            if self._stop.is_set():
+                return
+            self._after_exit(returncode, self.clock.now() - started, config)
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes]) -> bool:
+        deadline = self.clock.now() + self.restart.ready_timeout_s
+        while proc.poll() is None and not self._stop.is_set():
+            if self._ready(min(1.0, max(0.0, deadline - self.clock.now()))):
+                with self._lock:
+                    self.status.ready = True  # first, so a decision made from now on goes to the applier
+                desired = self.desired
+                if desired is not None:
+                    try:
+                        self._configure(self.capped(desired))  # e.g. the rate cap, which is not a command-line flag
+                    except (GovernorError, OSError) as exc:
+                        self._log.warning("engine did not take the config", error=str(exc))
+                self._log.info("engine ready", pid=proc.pid)
+                return True
+            if self.clock.now() > deadline:
+                self._log.error("engine not ready in time; killing it", timeout_s=self.restart.ready_timeout_s)
+                proc.kill()
+                return False
+        return False
+
+    def _after_exit(self, returncode: int, lived_s: float, config: EngineConfig) -> None:
+        how = f"killed by {signal.Signals(-returncode).name}" if returncode < 0 else f"exited with status {returncode}"
+        evidence = memory_kill_evidence(returncode, self._latest_snapshot(), self.restart.oom_psi_some_avg10)
+        with self._lock:
+            st = self.status
+            st.failures = st.failures + 1 if lived_s < self.restart.stable_s else 1
+            st.last_exit = f"engine {how} after {lived_s:.1f} s"
+            if evidence is not None:
+                smaller = step_down(self.ladder, config)
+                if smaller is not None:
+                    st.cap = Cap(
+                        model=smaller[0], n_ctx=smaller[1], reason=f"{evidence}: {config.model}/{config.n_ctx}"
+                    )
+                    st.last_exit += f"; {evidence}; restarting one step smaller ({smaller[0]}, n_ctx {smaller[1]})"
+            st.history = [*st.history[-9:], st.last_exit]
+            give_up = st.failures >= self.restart.max_failures
+            if give_up:
+                st.critical = f"engine failed {st.failures} times in a row, last: {st.last_exit}"
+            delay = self.restart.delay_s(st.failures)
+        if give_up:
+            self._log.error("engine given up", reason=self.status.critical)
+            self._on_change()
+            self._retry.clear()
+            while not self._stop.is_set() and not self._retry.wait(1.0):
+                pass
+            return
+        self._log.warning("engine died; restarting", reason=self.status.last_exit, delay_s=round(delay, 2))
+        self._on_change()
+        self._stop.wait(delay)
+
+    # -- for the decision ---------------------------------------------------------------------------------------
+    def capped(self, config: EngineConfig) -> EngineConfig:
+        cap = self.status.cap
+        if cap is None:
+            return config
+        names = [t.name for t in self.ladder.tiers]
+        model = config.model
+        if model in names and names.index(model) < names.index(cap.model):
+            model = cap.model
+        n_ctx = min(config.n_ctx, cap.n_ctx, self.ladder.get(model).n_ctx)
+        return config.model_copy(update={"model": model, "n_ctx": n_ctx})
+
+    @property
+    def pid(self) -> int | None:
+        return self.status.pid
+
+    @property
+    def ready(self) -> bool:
+        return self.status.ready
+
+    def stop(self, timeout_s: float) -> None:
+        """SIGTERM (the engine stops at a token boundary), then SIGKILL after `timeout_s`."""
+        self._stop.set()
+        self._retry.set()
+        with self._lock:
+            proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self._log.warning("engine did not stop in time; killing it", timeout_s=timeout_s)
+                proc.kill()
+                proc.wait()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+
+class SupervisedDecider:
+    """The policy core, with the supervisor's word on top: a memory cap, or `critical` when the engine is given up."""
+
+    def __init__(self, inner: Decider, supervisor: EngineSupervisor) -> None:
+        self.inner = inner  # swapped on reload
+        self.supervisor = supervisor
+
+    def decide(
+        self, snapshot: Snapshot, engine: EngineObservation | None, t: float, holds: Sequence[Hold] = ()
+    ) -> Decision:
+        decision = self.inner.decide(snapshot, engine, t, holds)
+        status = self.supervisor.status
+        if status.critical is not None:
+            return decision.model_copy(
+                update={
+                    "state": State.CRITICAL,
+                    "rule": "supervisor.given_up",
+                    "reason": f"critical: {status.critical}",
+                }
+            )
+        capped = self.supervisor.capped(decision.engine)
+        if capped != decision.engine and status.cap is not None:
+            return decision.model_copy(
+                update={
+                    "engine": capped,
+                    "reason": f"{decision.reason}; capped at {capped.model}/n_ctx {capped.n_ctx} ({status.cap.reason})",
+                }
+            )
+        return decision
+
+    def interval_s(self, decision: Decision) -> float:
+        return self.inner.interval_s(decision)
