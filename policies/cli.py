@@ -1,9 +1,81 @@
-"""Placeholder: this area's subcommands are registered here."""
+"""`governor policy check FILE`, `governor policy show NAME`, `governor replay TRACE --policy NAME_OR_FILE`."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
+
+from governor.errors import GovernorError
+from policies.ladder import load_ladder
+from policies.loader import load_policy, resolve, shipped_profiles
+from policies.machine import Governor
+from policies.memfit import ModelFootprint
+from policies.replay import decision_text, dumps, read_trace, replay
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    del sub
+    policy = sub.add_parser("policy", help="check or show a policy file")
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
+    check = policy_sub.add_parser("check", help="validate a policy file (exit 2 with FILE:LINE: field: message)")
+    check.add_argument("file", help="a policy TOML file or a shipped profile name")
+    check.set_defaults(func=_check)
+    show = policy_sub.add_parser("show", help=f"print a policy ({', '.join(shipped_profiles())} or a file)")
+    show.add_argument("name", help="a shipped profile name or a policy TOML file")
+    show.add_argument("--json", action="store_true", help="print the validated policy with every default filled in")
+    show.set_defaults(func=_show)
+
+    rep = sub.add_parser("replay", help="run a policy over a recorded trace, one decision per line")
+    rep.add_argument(
+        "trace", help="JSON lines: a `governor sensors --json` snapshot plus t and optional engine; - = stdin"
+    )
+    rep.add_argument("--policy", default="default", help="a shipped profile name or a policy TOML file")
+    rep.add_argument("--json", action="store_true", help="one JSON object per decision")
+    rep.add_argument("--models", type=Path, help="model ladder TOML: choose tiers and fit memory from GGUF headers")
+    rep.set_defaults(func=_replay)
+
+
+def _check(args: argparse.Namespace) -> int:
+    policy = load_policy(args.file)
+    print(f"{resolve(args.file)}: ok ({policy.name})")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    path = resolve(args.name)
+    policy = load_policy(path)
+    if args.json:
+        print(json.dumps(policy.model_dump(mode="json"), indent=2, ensure_ascii=False))
+    else:
+        print(path.read_text(), end="")
+    return 0
+
+
+def build_governor(policy_name: str | Path, models: Path | None) -> Governor:
+    """The one place a Governor is assembled from files (the daemon and the lab can call it too)."""
+    policy = load_policy(policy_name)
+    if models is None:
+        return Governor(policy)
+    ladder = load_ladder(models)
+    footprints = {tier.name: ModelFootprint.from_gguf(tier.path) for tier in ladder.tiers}
+    return Governor(policy, ladder=ladder, footprints=footprints)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    governor = build_governor(args.policy, args.models)
+    render = dumps if args.json else decision_text
+    if args.trace == "-":
+        stream = sys.stdin
+    else:
+        try:
+            stream = open(args.trace, encoding="utf-8")  # noqa: SIM115 - closed below, stdin is not ours to close
+        except OSError as exc:
+            raise GovernorError(f"{args.trace}: cannot read trace: {exc.strerror}") from exc
+    try:
+        for decision in replay(read_trace(stream, "<stdin>" if stream is sys.stdin else args.trace), governor):
+            print(render(decision))
+    finally:
+        if stream is not sys.stdin:
+            stream.close()
+    return 0

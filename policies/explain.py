@@ -1,0 +1,200 @@
+"""Why: the rule that fired, the readings behind it and one sentence a user can read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policies.decision import PRIORITY, EngineConfig, State
+from policies.memfit import MIB, Fit
+from policies.readings import Sense
+from policies.schema import Policy
+from sensors.snapshot import EngineObservation
+
+Readings = dict[str, float | bool | str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """What one tick saw and chose; built by the state machine, read here."""
+
+    t: float
+    policy: Policy
+    sense: Sense
+    previous_state: State
+    state: State  # after the dwell gate
+    label: State  # the state reported (a hold's pin can change it)
+    desired: State  # what the conditions ask for
+    held_for_s: float  # > 0: a change is waiting for the dwell
+    prev: EngineConfig | None
+    config: EngineConfig
+    pi_u: float | None
+    fit: Fit | None
+    ramping: bool
+    engine: EngineObservation | None
+    capped: bool
+
+
+def _n(x: float) -> str:
+    return f"{x:g}" if x == int(x) else f"{x:.1f}"
+
+
+def _why_on(k: Tick, state: State) -> tuple[str, str]:
+    """(rule, clause) for a state's condition being true."""
+    v, pol = k.sense.view, k.policy
+    pct = k.sense.battery.percent if k.sense.battery is not None else None
+    if state == State.CRITICAL:
+        if k.sense.crit_thermal and v.temp_c is not None:
+            return "thermal.critical", f"{v.zone} {v.temp_c:.1f} °C ≥ critical {_n(v.critical_c)} °C"
+        if k.sense.crit_battery and pct is not None:
+            return "battery.critical", f"battery {pct:.0f} % ≤ {_n(pol.battery.critical_percent)} % on battery power"
+        if k.sense.crit_memory and k.sense.available is not None:
+            return "memory.floor", f"{k.sense.available / MIB:.0f} MiB available < floor {_n(pol.memory.floor_mb)} MiB"
+        return "critical.hold", "critical conditions still debouncing"
+    if state == State.HOT:
+        if v.temp_c is None or k.sense.forecast_c is None:
+            return "thermal.unknown", "temperature unknown, staying hot"
+        if v.temp_c < v.hot_enter_c <= k.sense.forecast_c:
+            horizon = _n(pol.thermal.forecast_horizon_s)
+            return (
+                "thermal.forecast_enter",
+                f"forecast {k.sense.forecast_c:.1f} °C in {horizon} s ≥ {_n(v.hot_enter_c)} °C",
+            )
+        return "thermal.enter", f"{v.zone} {v.temp_c:.1f} °C ≥ {_n(v.hot_enter_c)} °C"
+    if state == State.LOW_BATTERY:
+        level = "unknown" if pct is None else f"{pct:.0f} %"
+        return "battery.low", f"battery {level} ≤ {_n(pol.battery.low_percent)} % on battery power"
+    window = _n(pol.activity.window_s)
+    if state == State.SUSTAINED:
+        enter = pol.activity.enter_fraction * 100
+        return "activity.sustained", f"engine busy {k.sense.busy * 100:.0f} % of the last {window} s ≥ {enter:.0f} %"
+    return "activity.idle", f"engine busy {k.sense.busy * 100:.0f} % of the last {window} s"
+
+
+def _why_off(k: Tick, state: State) -> tuple[str, str]:
+    """(rule, clause) for a state's condition having ended."""
+    v, pol = k.sense.view, k.policy
+    pct = k.sense.battery.percent if k.sense.battery is not None else None
+    if state == State.HOT:
+        temp = "unknown" if v.temp_c is None else f"{v.temp_c:.1f} °C"
+        return "thermal.exit", f"{v.zone or 'temperature'} {temp} < {_n(v.hot_exit_c)} °C"
+    if state == State.CRITICAL:
+        return "critical.exit", "critical conditions cleared"
+    if state == State.LOW_BATTERY:
+        if k.sense.on_power:
+            return "battery.plugged", f"on external power at {'unknown' if pct is None else f'{pct:.0f}'} %"
+        level = "unknown" if pct is None else f"{pct:.0f} %"
+        return (
+            "battery.recovered",
+            f"battery {level} > {_n(pol.battery.low_percent + pol.battery.hysteresis_percent)} %",
+        )
+    exit_pct = pol.activity.exit_fraction * 100
+    return (
+        "activity.idle",
+        f"engine busy {k.sense.busy * 100:.0f} % of the last {_n(pol.activity.window_s)} s < {exit_pct:.0f} %",
+    )
+
+
+def _changes(prev: EngineConfig | None, cfg: EngineConfig, always: bool) -> str:
+    rate = "no rate cap" if cfg.max_tokens_per_s is None else f"rate cap {_n(cfg.max_tokens_per_s)} tok/s"
+    if prev is None:
+        return f"threads {cfg.threads}, n_ctx {cfg.n_ctx}, KV {cfg.kv_type}, model {cfg.model}, {rate}"
+    parts = []
+    if cfg.threads != prev.threads:
+        parts.append(f"threads {prev.threads}→{cfg.threads}")
+    if cfg.n_ctx != prev.n_ctx:
+        parts.append(f"n_ctx {prev.n_ctx}→{cfg.n_ctx}")
+    if cfg.kv_type != prev.kv_type:
+        parts.append(f"KV {prev.kv_type}→{cfg.kv_type}")
+    if cfg.model != prev.model:
+        parts.append(f"model {prev.model}→{cfg.model}")
+    if cfg.max_tokens_per_s != prev.max_tokens_per_s:
+        parts.append("rate cap lifted" if cfg.max_tokens_per_s is None else rate)
+    if not parts and always:
+        parts = [f"threads {cfg.threads}", rate]
+    return ", ".join(parts)
+
+
+def _rule(k: Tick) -> tuple[str, str]:
+    """The rule that fired this tick and its clause: a transition, a wait, a hold, the PI, or why the state holds."""
+    v = k.sense.view
+    clauses: list[str] = []
+    if k.state != k.previous_state:
+        escalating = PRIORITY.index(k.state) < PRIORITY.index(k.previous_state)
+        rule, clause = _why_on(k, k.state) if escalating else _why_off(k, k.previous_state)
+        clauses.append(clause)
+    elif k.held_for_s > 0:
+        rule = "dwell.hold"
+        safer = PRIORITY.index(k.desired) < PRIORITY.index(k.state)
+        clause = _why_on(k, k.desired)[1] if safer else _why_off(k, k.state)[1]
+        clauses.append(f"{clause}, {k.desired.value} in {k.held_for_s:.1f} s (dwell)")
+    elif k.label != k.state:
+        rule = "hold.pin"
+        clauses.append(f"pinned by a client hold ({_why_on(k, k.state)[1]})")
+    elif k.state == State.HOT and k.pi_u is not None and v.temp_c is not None:
+        rule = "thermal.pi"
+        clauses.append(f"{v.zone} {v.temp_c:.1f} °C, setpoint {_n(v.setpoint_c)} °C, PI output {k.pi_u:.2f}")
+    else:
+        rule, clause = _why_on(k, k.state)
+        clauses.append(clause)
+        if k.sense.pressure:
+            rule = "memory.pressure"
+        elif k.ramping or (k.prev is not None and k.config.threads > k.prev.threads):
+            rule = "recover.step"
+        elif k.fit is not None and k.fit.bound != "profile" and k.prev is not None and k.config != k.prev:
+            rule = "memory.fit"
+        elif k.capped and k.prev is not None and k.config != k.prev:
+            rule = "hold.cap"
+        else:
+            rule = f"state.{k.state.value}"
+    return rule, clauses[0]
+
+
+def explain(k: Tick) -> tuple[str, str, Readings]:
+    pol, v = k.policy, k.sense.view
+    rule, clause = _rule(k)
+    clauses = [clause]
+    changes = _changes(k.prev, k.config, always=k.state == State.HOT)
+    if changes:
+        clauses.append(changes)
+    if k.ramping:
+        clauses.append(f"threads come back one per {_n(pol.timing.recover_step_s)} s")
+    if k.sense.pressure and k.sense.psi is not None:
+        clauses.append(f"memory pressure {k.sense.psi:.0f} % ≥ {_n(pol.memory.psi_exit)} %, shrinking")
+    if k.fit is not None:
+        if k.fit.bound != "profile":
+            clauses.append(f"{k.fit.model} n_ctx {k.fit.n_ctx} KV {k.fit.kv_type} bound by {k.fit.bound}")
+        if k.fit.note:
+            clauses.append(k.fit.note)
+    unknown = []
+    if v.temp_c is None:
+        unknown.append("temperature")
+    if k.sense.battery is not None and k.sense.battery.percent is None:
+        unknown.append("battery level")
+    if k.engine is None:
+        unknown.append("engine activity")
+    if k.fit is not None and k.sense.available is None:
+        unknown.append("available memory")
+    if unknown:
+        clauses.append(f"{', '.join(unknown)} unknown")
+    reason = f"{k.label.value}: {'; '.join(clauses)}"
+
+    pct = k.sense.battery.percent if k.sense.battery is not None else None
+    readings: Readings = {
+        "temp_c": v.temp_c,
+        "zone": v.zone,
+        "forecast_c": None if k.sense.forecast_c is None else round(k.sense.forecast_c, 2),
+        "hot_enter_c": v.hot_enter_c,
+        "hot_exit_c": v.hot_exit_c,
+        "setpoint_c": v.setpoint_c,
+        "critical_c": v.critical_c,
+        "trip_c": v.trip_c,
+        "trip_source": v.trip_source,
+        "battery_percent": pct,
+        "on_power": k.sense.on_power if k.sense.battery is not None else None,
+        "mem_available_mb": None if k.sense.available is None else round(k.sense.available / MIB, 1),
+        "psi_some_avg10": k.sense.psi,
+        "busy_fraction": round(k.sense.busy, 3),
+        "pi_output": None if k.pi_u is None else round(k.pi_u, 3),
+        "fit_bound": None if k.fit is None else k.fit.bound,
+    }
+    return rule, reason, readings

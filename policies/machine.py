@@ -1,0 +1,363 @@
+"""The state machine: readings + time in, a Decision out. Pure: no I/O, no clock; all state lives in the object.
+
+One tick: read the control temperature, forecast it, update the debounced conditions, pick the highest-priority
+active state, gate the change by the dwell times (safer = fast, back = slow), then compose the engine config as the
+minimum of every profile in force (the activity or pinned profile, low battery, hot's PI output, critical), apply
+hold caps, let threads rise only one step per `recover_step_s`, and fit context / KV / model into memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+from policies.decision import PRIORITY, Decision, EngineConfig, Hold, KvType, State
+from policies.explain import Tick, explain
+from policies.ladder import ModelLadder
+from policies.loader import PolicyError
+from policies.memfit import MIB, Candidate, Fit, ModelFootprint, fit
+from policies.pi import PIController
+from policies.readings import Sense, ZoneFilter
+from policies.schema import KV_ORDER, MODEL_LARGEST, MODEL_SMALLEST, Policy, Profile
+from policies.signals import BusyWindow, Forecast, Trigger
+from sensors.snapshot import EngineObservation, Snapshot
+
+RANK = {s: i for i, s in enumerate(PRIORITY)}  # 0 = safest
+MITIGATING = frozenset({State.HOT, State.CRITICAL})
+ACTIVITY = frozenset({State.IDLE, State.SUSTAINED})
+
+
+class Limits(NamedTuple):
+    """A profile as the tick uses it: plain values, cheap to copy (a pydantic copy per tick would dominate)."""
+
+    state: State
+    threads: int
+    n_ctx: int
+    kv_rank: int
+    model: str
+    rate: float | None
+
+    @classmethod
+    def of(cls, state: State, p: Profile) -> Limits:
+        return cls(state, p.threads, p.n_ctx, KV_ORDER.index(p.kv_type), p.model, p.max_tokens_per_s)
+
+
+class Governor:
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        ladder: ModelLadder | None = None,
+        footprints: Mapping[str, ModelFootprint] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.ladder = ladder
+        self.footprints = dict(footprints or {})
+        th, act, bat, crit, mem = policy.thermal, policy.activity, policy.battery, policy.critical, policy.memory
+        self._zones = ZoneFilter(th)
+        self._forecast = Forecast(
+            th.forecast_window_s, th.forecast_horizon_s, th.forecast_min_points, th.forecast_max_rise_c
+        )
+        self._busy = BusyWindow(act.window_s)
+        self.triggers: dict[State, Trigger] = {
+            State.CRITICAL: Trigger(crit.enter_debounce_s, crit.exit_debounce_s),
+            State.HOT: Trigger(th.enter_debounce_s, th.exit_debounce_s),
+            State.LOW_BATTERY: Trigger(bat.enter_debounce_s, bat.exit_debounce_s),
+            State.SUSTAINED: Trigger(act.enter_debounce_s, act.exit_debounce_s),
+        }
+        self._pressure = Trigger(0.0, mem.psi_exit_debounce_s)  # PSI avg10 is already a 10 s average
+        self.state = State.IDLE
+        self.entered_t: float | None = None
+        self.last: Decision | None = None
+        self._pi: PIController | None = None
+        self._pi_u: float | None = None
+        self._threads_t = -math.inf  # when threads last changed (recovery steps count from there)
+        self._budget: float | None = None  # memory budget after input hysteresis
+        self._budget_t = -math.inf
+        self._pressure_cap: float | None = None  # bytes (with footprints) or n_ctx (without)
+        self._shrink_t = -math.inf
+        self._last_fit: Fit | None = None
+        self._fit_cache: dict[tuple[int, int, str, int], Fit] = {}
+        self._ramping = False
+        self._tier_index = self._resolve_tiers()
+        self._limits = {state: Limits.of(state, profile) for state, profile in policy.states.items()}
+
+    # -- set-up (validation of the policy against the ladder happens once, here) --------------------------------
+
+    def _resolve_tiers(self) -> dict[State, int]:
+        if self.ladder is None:
+            return {}
+        names = [t.name for t in self.ladder.tiers]
+        index: dict[State, int] = {}
+        for state, profile in self.policy.states.items():
+            if profile.model == MODEL_LARGEST:
+                index[state] = 0
+            elif profile.model == MODEL_SMALLEST:
+                index[state] = len(names) - 1
+            elif profile.model in names:
+                index[state] = names.index(profile.model)
+            else:
+                raise PolicyError(
+                    self.policy.name, None, f"states.{state.value}.model", f"no tier {profile.model!r} in {names}"
+                )
+        return index
+
+    # -- the tick ----------------------------------------------------------------------------------------------
+
+    def decide(
+        self, snapshot: Snapshot, engine: EngineObservation | None, t: float, holds: Sequence[Hold] = ()
+    ) -> Decision:
+        sense = self._sense(snapshot, engine, t)
+        desired = next((s for s in PRIORITY if s in self.triggers and self.triggers[s].on), State.IDLE)
+        previous_state = self.state
+        held_for = self._gate(desired, t)
+
+        live = [h for h in holds if h.expires_t is None or h.expires_t > t]
+        pins = [h.state for h in live if h.state is not None]
+        pin = min(pins, key=RANK.__getitem__) if pins else None
+        label = self.state if (pin is None or self.state in MITIGATING) else pin
+        prev = self.last.engine if self.last is not None else None
+
+        active = self._in_force(pin, sense, prev, t)
+        caps = [h.max_threads for h in live if h.max_threads is not None]
+        rate_caps = [h.max_tokens_per_s for h in live if h.max_tokens_per_s is not None]
+        threads = min([lim.threads for lim in active] + caps)
+        rates = [lim.rate for lim in active if lim.rate is not None] + rate_caps
+        rate = min(rates) if rates else None
+        threads, rate = self._recover(threads, rate, prev, t)
+        n_ctx = min(lim.n_ctx for lim in active)
+        kv: KvType = KV_ORDER[max(lim.kv_rank for lim in active)]
+        model, n_ctx, kv, fitted = self._fit(active, n_ctx=n_ctx, kv=kv, sense=sense, engine=engine, prev=prev, t=t)
+        config = EngineConfig.model_construct(
+            threads=threads, n_ctx=n_ctx, kv_type=kv, model=model, max_tokens_per_s=rate
+        )  # values come from validated profiles and holds: re-validating per tick would cost more than the tick
+
+        tick = Tick(
+            t=t, policy=self.policy, sense=sense, previous_state=previous_state, state=self.state, label=label,
+            desired=desired, held_for_s=held_for, prev=prev, config=config, pi_u=self._pi_u, fit=fitted,
+            ramping=self._ramping, engine=engine, capped=bool(caps or rate_caps),
+        )  # fmt: skip
+        rule, reason, readings = explain(tick)
+        decision = Decision.model_construct(
+            t=t, state=label, engine=config, reason=reason, rule=rule, readings=readings, changed=config != prev
+        )
+        self.last = decision
+        return decision
+
+    def _sense(self, snapshot: Snapshot, engine: EngineObservation | None, t: float) -> Sense:
+        """Readings, then every debounced condition. Each raw condition uses its entry test while off and its laxer
+        stay test while on (hysteresis); an unknown reading keeps a condition as it was."""
+        pol, trig = self.policy, self.triggers
+        view = self._zones.view(snapshot)
+        temp = view.temp_c
+        forecast: float | None = None
+        if temp is not None:
+            self._forecast.add(t, temp)
+            forecast = self._forecast.predict(temp, self._forecast.slope())
+        crit_on = trig[State.CRITICAL].on
+        if temp is None or forecast is None:
+            hot_raw, crit_thermal = trig[State.HOT].on, False
+        else:
+            if trig[State.HOT].on:
+                hot_raw = temp >= view.hot_exit_c or forecast >= view.hot_enter_c
+            else:
+                hot_raw = forecast >= view.hot_enter_c
+            crit_thermal = temp >= (view.critical_exit_c if crit_on else view.critical_c)
+
+        battery, bat = snapshot.battery, pol.battery
+        percent = battery.percent if battery is not None else None
+        on_power = battery is not None and (battery.plugged is True or battery.charging is True)
+        if percent is None:
+            low_raw, crit_battery = trig[State.LOW_BATTERY].on and battery is not None, False
+        else:
+            low_on = trig[State.LOW_BATTERY].on
+            low_raw = not on_power and percent <= bat.low_percent + (bat.hysteresis_percent if low_on else 0)
+            crit_battery = not on_power and percent <= bat.critical_percent + (bat.hysteresis_percent if crit_on else 0)
+
+        mem = pol.memory
+        available = snapshot.memory.available_bytes
+        crit_memory = (
+            available is not None and available < (mem.floor_mb + (mem.floor_hysteresis_mb if crit_on else 0)) * MIB
+        )
+        psi = snapshot.memory.psi_some_avg10
+        psi_at = mem.psi_exit if self._pressure.on else mem.psi_enter
+        pressure = self._pressure.update(psi is not None and psi >= psi_at, t)
+
+        self._busy.add(t, engine is not None and engine.busy)
+        busy = self._busy.fraction(t)
+        act = pol.activity
+        sus_raw = busy >= (act.exit_fraction if trig[State.SUSTAINED].on else act.enter_fraction)
+
+        trig[State.CRITICAL].update(crit_thermal or crit_battery or crit_memory, t)
+        trig[State.HOT].update(hot_raw, t)
+        trig[State.LOW_BATTERY].update(low_raw, t)
+        trig[State.SUSTAINED].update(sus_raw, t)
+        return Sense(
+            view=view, forecast_c=forecast, busy=busy, battery=battery, on_power=on_power, available=available,
+            psi=psi, pressure=pressure, crit_thermal=crit_thermal, crit_battery=crit_battery, crit_memory=crit_memory,
+        )  # fmt: skip
+
+    def _gate(self, desired: State, t: float) -> float:
+        """Move to `desired` if the dwell allows (safer: min_dwell, critical: at once; back: recover_dwell).
+        Returns how long a wanted change still has to wait (0 if none)."""
+        timing = self.policy.timing
+        if self.entered_t is None:
+            self.state, self.entered_t = desired, t
+            return 0.0
+        if desired == self.state:
+            return 0.0
+        if RANK[desired] < RANK[self.state]:
+            need = 0.0 if desired == State.CRITICAL else timing.min_dwell_s
+        else:
+            need = max(timing.min_dwell_s, timing.recover_dwell_s)
+        since = t - self.entered_t
+        if since >= need:
+            self.state, self.entered_t = desired, t
+            return 0.0
+        return need - since
+
+    def _in_force(self, pin: State | None, sense: Sense, prev: EngineConfig | None, t: float) -> list[Limits]:
+        """Every profile that limits the engine now; the config is their minimum, so more heat only adds limits."""
+        limits, trig = self._limits, self.triggers
+        if pin is not None:
+            activity = pin
+        elif self.state in ACTIVITY:
+            activity = self.state
+        else:
+            activity = State.SUSTAINED if trig[State.SUSTAINED].on else State.IDLE
+        active = [limits[activity]]
+        if pin is None and (self.state == State.LOW_BATTERY or trig[State.LOW_BATTERY].on):
+            active.append(limits[State.LOW_BATTERY])  # a client's pin overrides low battery, never hot or critical
+        view = sense.view
+        if self.state == State.HOT:
+            active.append(self._hot_at(self._pi_output(view.setpoint_c, view.hot_exit_c, view.temp_c, prev, t)))
+        else:
+            self._pi, self._pi_u = None, None
+            if self.state == State.CRITICAL:
+                active += [limits[State.CRITICAL], self._hot_at(0.0)]
+        return active
+
+    def _recover(
+        self, threads: int, rate: float | None, prev: EngineConfig | None, t: float
+    ) -> tuple[int, float | None]:
+        """Going down is immediate; threads rise one step per recover_step_s; the rate cap lifts once they are back."""
+        target = threads
+        if prev is not None and threads > prev.threads:
+            threads = prev.threads + 1 if t - self._threads_t >= self.policy.timing.recover_step_s else prev.threads
+            if self.state != State.HOT and threads < target and prev.max_tokens_per_s is not None:
+                rate = prev.max_tokens_per_s if rate is None else min(rate, prev.max_tokens_per_s)
+        self._ramping = threads < target
+        if prev is None or threads != prev.threads:
+            self._threads_t = t
+        return threads, rate
+
+    def interval_s(self, decision: Decision) -> float:
+        timing = self.policy.timing
+        pending = self._ramping or any(trig.pending for trig in self.triggers.values())
+        if decision.state in MITIGATING or pending:
+            return timing.mitigating_interval_s
+        return timing.interval_s
+
+    # -- parts of the tick -------------------------------------------------------------------------------------
+
+    def _pi_output(
+        self, setpoint: float, switch_on: float, temp: float | None, prev: EngineConfig | None, t: float
+    ) -> float:
+        hot = self.policy.states[State.HOT]
+        if self._pi is None:
+            gains = self.policy.thermal.pi
+            self._pi = PIController.with_defaults(setpoint, switch_on, gains.k_pu, gains.k_po, gains.k_i)
+            low = hot.min_threads or 1
+            span = hot.threads - low
+            level = 1.0 if prev is None or span == 0 else min(1.0, max(0.0, (prev.threads - low) / span))
+            self._pi.start(setpoint, temp if temp is not None else setpoint, level, t)
+            self._pi_u = level
+        if temp is not None:
+            self._pi_u = self._pi.update(setpoint, temp, t)
+        return self._pi_u if self._pi_u is not None else 1.0
+
+    def _hot_at(self, u: float) -> Limits:
+        """The hot profile with threads and rate cap placed at u in [0, 1] between its bounds (monotone in u)."""
+        hot = self.policy.states[State.HOT]
+        low = hot.min_threads or 1
+        top_rate = hot.max_tokens_per_s or 1.0  # validated present
+        low_rate = hot.min_tokens_per_s or top_rate
+        return self._limits[State.HOT]._replace(
+            threads=low + math.floor(u * (hot.threads - low) + 0.5),
+            rate=round(low_rate + u * (top_rate - low_rate), 1),
+        )
+
+    def _fit(
+        self,
+        active: Sequence[Limits],
+        *,
+        n_ctx: int,
+        kv: KvType,
+        sense: Sense,
+        engine: EngineObservation | None,
+        prev: EngineConfig | None,
+        t: float,
+    ) -> tuple[str, int, KvType, Fit | None]:
+        """Model tier, context and KV type: the largest the profiles allow that fits the memory budget."""
+        pressure, available = sense.pressure, sense.available
+        mem = self.policy.memory
+        if self.ladder is None:
+            # Without a ladder the tiers have no order: "smallest" beats a name beats "largest", else the safest.
+            model = max(
+                active, key=lambda lim: ({MODEL_LARGEST: 0, MODEL_SMALLEST: 2}.get(lim.model, 1), -RANK[lim.state])
+            ).model
+            if not pressure:
+                self._pressure_cap = None
+            elif prev is not None and t - self._shrink_t >= mem.psi_step_s:
+                self._pressure_cap = max(mem.min_ctx, prev.n_ctx // 2)
+                self._shrink_t = t
+            if self._pressure_cap is not None:
+                n_ctx = min(n_ctx, int(self._pressure_cap))
+            return model, n_ctx, kv, None
+
+        start = max(self._tier_index[lim.state] for lim in active)
+        tiers = self.ladder.tiers[start:]
+        candidates = [
+            Candidate(tier.name, self.footprints[tier.name], tier.n_ctx, tier.flash_attn)
+            for tier in tiers
+            if tier.name in self.footprints
+        ]
+        if not candidates:
+            return tiers[0].name, min(n_ctx, tiers[0].n_ctx), kv, None
+
+        budget = None if available is None else self._budget_now(available, engine, pressure, t)
+        key = (start, n_ctx, kv, -1 if budget is None else int(budget // MIB))
+        result = self._fit_cache.get(key)
+        if result is None:
+            if len(self._fit_cache) > 4096:
+                self._fit_cache.clear()
+            result = self._fit_cache[key] = fit(
+                candidates, max_ctx=n_ctx, kv_type=kv, budget_bytes=None if budget is None else key[3] * MIB, memory=mem
+            )
+        self._last_fit = result
+        return result.model, result.n_ctx, result.kv_type, result
+
+    def _budget_now(self, available: int, engine: EngineObservation | None, pressure: bool, t: float) -> float:
+        """Bytes the engine may use: available + what the engine holds now (a reload frees it) - the reserve."""
+        mem, timing = self.policy.memory, self.policy.timing
+        in_use = 0.0
+        if engine is not None:
+            if engine.rss_bytes is not None:
+                in_use = float(engine.rss_bytes)
+            elif self._last_fit is not None:
+                in_use = self._last_fit.bytes
+        budget = available + in_use - mem.reserve_mb * MIB
+        # Input hysteresis: less memory counts at once, more only after it grew by a margin, once per step.
+        if self._budget is None or budget < self._budget:
+            self._budget = budget
+        elif budget >= self._budget + mem.grow_margin_mb * MIB and t - self._budget_t >= timing.recover_step_s:
+            self._budget, self._budget_t = budget, t
+        budget = self._budget
+        if not pressure:
+            self._pressure_cap = None
+        elif t - self._shrink_t >= mem.psi_step_s:  # shrink again while the pressure stays, one step at a time
+            current = self._last_fit.bytes if self._last_fit is not None else budget
+            self._pressure_cap = current * (1 - mem.psi_shrink_fraction)
+            self._shrink_t = t
+        return budget if self._pressure_cap is None else min(budget, self._pressure_cap)

@@ -1,0 +1,191 @@
+"""The policy file: one validated pydantic model per TOML table. Every threshold and key is spelled here, once.
+
+State names come from `policies.decision.State`; `states` is keyed by them so no state name is repeated here.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from policies.decision import KvType, State
+
+KV_ORDER: tuple[KvType, ...] = ("f16", "q8_0", "q4_0")  # most precise first; later = smaller KV cache
+MODEL_LARGEST = "largest"  # model selectors resolved against the ladder
+MODEL_SMALLEST = "smallest"
+
+# CPU/SoC zone types seen in the wild (ANCHORS: Termux section; x86 coretemp/k10temp; Pi cpu-thermal).
+DEFAULT_ZONES: tuple[str, ...] = (
+    "cpu*",
+    "soc*",
+    "*_thermal",
+    "*-thermal",
+    "x86_pkg_temp",
+    "coretemp*",
+    "k10temp*",
+    "mtktscpu",
+    "tsens_tz_sensor*",
+    "acpitz",
+)
+
+Seconds = Annotated[float, Field(ge=0)]
+PositiveSeconds = Annotated[float, Field(gt=0)]
+Celsius = Annotated[float, Field(ge=-40, le=200)]
+Margin = Annotated[float, Field(ge=0, le=60)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
+Percent = Annotated[float, Field(ge=0, le=100)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Profile(Strict):
+    """What a state asks of the engine. `min_*` are the PI controller's lower bounds (used by the hot state)."""
+
+    threads: int = Field(ge=1, le=256)
+    min_threads: int | None = Field(default=None, ge=1, le=256)
+    n_ctx: int = Field(ge=64, le=1 << 20)
+    kv_type: KvType = "f16"
+    model: str = Field(default=MODEL_LARGEST, min_length=1)  # a ladder tier name, "largest" or "smallest"
+    max_tokens_per_s: float | None = Field(default=None, gt=0)
+    min_tokens_per_s: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Profile:
+        if self.min_threads is not None and self.min_threads > self.threads:
+            raise ValueError(f"min_threads {self.min_threads} > threads {self.threads}")
+        if self.min_tokens_per_s is not None and (
+            self.max_tokens_per_s is None or self.min_tokens_per_s > self.max_tokens_per_s
+        ):
+            raise ValueError("min_tokens_per_s needs a max_tokens_per_s at least as large")
+        return self
+
+
+class Timing(Strict):
+    interval_s: PositiveSeconds = 1.0  # tick while nothing is happening (the kernel's 1 s)
+    mitigating_interval_s: PositiveSeconds = 0.25  # tick while mitigating or a change is pending
+    min_dwell_s: Seconds = 2.0  # no state change sooner than this after the last one, except into critical
+    recover_dwell_s: Seconds = 20.0  # no move to a less safe state sooner than this after entering the current one
+    recover_step_s: PositiveSeconds = 10.0  # coming back: threads rise one at a time, one step per this
+
+
+class Debounce(Strict):
+    enter_debounce_s: Seconds = 1.0  # the condition must hold this long before it counts
+    exit_debounce_s: Seconds = 5.0  # and be gone this long before it stops counting
+
+
+class Activity(Debounce):
+    """`sustained` = the engine was busy for this fraction of the window."""
+
+    window_s: PositiveSeconds = 30.0
+    enter_fraction: Fraction = 0.5
+    exit_fraction: Fraction = 0.2
+    enter_debounce_s: Seconds = 0.0
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> Activity:
+        if self.exit_fraction >= self.enter_fraction:
+            raise ValueError("exit_fraction must be below enter_fraction (hysteresis)")
+        return self
+
+
+class PiGains(Strict):
+    """Kernel power_allocator law on a normalised output in [0, 1]; None = the kernel's default gains."""
+
+    k_pu: float | None = Field(default=None, gt=0)  # per °C below the setpoint; default 2/(setpoint - exit)
+    k_po: float | None = Field(default=None, gt=0)  # per °C above the setpoint; default 1/(setpoint - exit)
+    k_i: float | None = Field(default=None, ge=0)  # per °C·s; default k_pu/10
+
+
+class Thermal(Debounce):
+    zones: tuple[Annotated[str, Field(min_length=1)], ...] = DEFAULT_ZONES  # fnmatch patterns on the zone type
+    use_battery_temp: bool = False  # count the battery's temperature as a zone named "battery"
+    plausible_max_c: Celsius = 135.0  # a zone reading at or above this is a broken sensor and ignored
+    trip_c: Celsius | None = None  # explicit trip; default: the lowest passive trip among trusted zones
+    fallback_trip_c: Celsius = 85.0  # when neither the policy nor the device names one
+    hot_c: Celsius | None = None  # explicit hot entry; default trip - hot_margin_c
+    hot_margin_c: Margin = 5.0
+    hysteresis_c: Margin = Field(default=4.0, gt=0)  # leave hot below entry - this
+    control_margin_c: Margin = 2.0  # PI setpoint = trip - this
+    critical_c: Celsius | None = None  # explicit; default the lowest critical trip - critical_margin_c
+    critical_margin_c: Margin = 5.0
+    fallback_critical_c: Celsius = 100.0
+    critical_hysteresis_c: Margin = Field(default=5.0, gt=0)
+    forecast_horizon_s: Seconds = 10.0  # ADPF guidance: about 10 s ahead
+    forecast_window_s: PositiveSeconds = 20.0
+    forecast_min_points: int = Field(default=4, ge=2)
+    forecast_max_rise_c: Margin = 15.0  # noise guard: never forecast more than this above the reading
+    pi: PiGains = PiGains()
+
+    @model_validator(mode="after")
+    def _setpoint_above_exit(self) -> Thermal:
+        if self.control_margin_c >= self.hot_margin_c + self.hysteresis_c:
+            raise ValueError("control_margin_c must be below hot_margin_c + hysteresis_c (setpoint above hot exit)")
+        return self
+
+
+class Battery(Debounce):
+    low_percent: Percent = 20.0  # UPower's default "low"
+    hysteresis_percent: Percent = 5.0
+    critical_percent: Percent = 5.0
+    enter_debounce_s: Seconds = 5.0
+
+    @model_validator(mode="after")
+    def _order(self) -> Battery:
+        if self.critical_percent >= self.low_percent:
+            raise ValueError("critical_percent must be below low_percent")
+        return self
+
+
+class Critical(Debounce):
+    """Debounce of the critical state, whatever its cause (thermal, battery, memory floor)."""
+
+    enter_debounce_s: Seconds = 0.5
+    exit_debounce_s: Seconds = 10.0
+
+
+class Memory(Strict):
+    reserve_mb: float = Field(default=256.0, ge=0)  # left free for everything else
+    overhead_mb: float = Field(default=150.0, ge=0)  # engine runtime beyond weights, KV and compute buffer
+    floor_mb: float = Field(default=100.0, ge=0)  # available below this -> critical
+    floor_hysteresis_mb: float = Field(default=100.0, ge=0)
+    grow_margin_mb: float = Field(default=64.0, ge=0)  # available must rise this much before we use more
+    psi_enter: Percent = 10.0  # psi some avg10 at or above this: shrink
+    psi_exit: Percent = 2.0
+    psi_shrink_fraction: Fraction = 0.25  # each shrink asks for this much less memory than the current config
+    psi_step_s: PositiveSeconds = 5.0  # at most one shrink per this while pressure stays high
+    psi_exit_debounce_s: Seconds = 30.0
+    min_ctx: int = Field(default=512, ge=64)
+    ctx_multiple: int = Field(default=256, ge=1)
+    n_batch: int = Field(default=512, ge=1)
+    kv_fallback: bool = True  # quantise the KV cache further before shrinking the context
+
+    @model_validator(mode="after")
+    def _psi(self) -> Memory:
+        if self.psi_exit >= self.psi_enter:
+            raise ValueError("psi_exit must be below psi_enter (hysteresis)")
+        return self
+
+
+class Policy(Strict):
+    name: str = "custom"
+    description: str = ""
+    timing: Timing = Timing()
+    activity: Activity = Activity()
+    thermal: Thermal = Thermal()
+    battery: Battery = Battery()
+    critical: Critical = Critical()
+    memory: Memory = Memory()
+    states: dict[State, Profile]
+
+    @field_validator("states")
+    @classmethod
+    def _all_states(cls, states: dict[State, Profile]) -> dict[State, Profile]:
+        missing = [s.value for s in State if s not in states]
+        if missing:
+            raise ValueError(f"missing a profile for {', '.join(missing)}")
+        if states[State.HOT].max_tokens_per_s is None:
+            raise ValueError(f"{State.HOT.value}.max_tokens_per_s is required: the PI controller caps the rate")
+        return states
