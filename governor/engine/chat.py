@@ -65,6 +65,7 @@ class ChatRequest(BaseModel):
     seed: int | None = Field(default=None, ge=0, lt=1 << 32)
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1, le=1)
+    ignore_eos: bool = False  # llama.cpp server's extension: an end-of-generation token does not end the answer
 
     @field_validator("stop")
     @classmethod

@@ -231,7 +231,7 @@ class Worker:
             t1 = time.perf_counter()
             if run.n_completion:  # the first call also evaluated the prompt
                 self.decode_tokens_per_s = _ewma(self.decode_tokens_per_s, t1 - t0)
-            if m.is_eog(token):
+            if m.is_eog(token) and not job.request.ignore_eos:
                 run.finish = "stop"
                 return
             run.ctx_tokens.append(token)
