@@ -31,7 +31,13 @@ def busy_child() -> Iterator[subprocess.Popen[bytes]]:
 
 def test_process_stats_of_a_real_process(busy_child: subprocess.Popen[bytes]) -> None:
     stats = ProcessStats(busy_child.pid)
-    reading: ProcessReading = eventually(lambda: (r := stats.sample()).cpu_percent and r)
+
+    def busy() -> ProcessReading:
+        reading = stats.sample()
+        assert reading.cpu_percent
+        return reading
+
+    reading = eventually(busy)
     assert reading.rss_bytes is not None
     assert reading.rss_bytes > 96 * 2**20
     assert reading.cpu_percent is not None

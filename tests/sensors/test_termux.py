@@ -6,11 +6,12 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sensors.sampler import SensorSampler, make_sampler
-from sensors.snapshot import Battery, Temperature
+from sensors.snapshot import Battery, Problem, Snapshot, Temperature
 from sensors.termux import TermuxBattery, termux_detected
 from tests.helpers import eventually
 from tests.sensors.tree import FakeTree
@@ -53,16 +54,22 @@ def pollers() -> Iterator[list[TermuxBattery]]:
         poller.close()
 
 
-def poller(pollers: list[TermuxBattery], command: list[str], **kwargs: float) -> TermuxBattery:
+def poller(pollers: list[TermuxBattery], command: list[str], **kwargs: Any) -> TermuxBattery:
     made = TermuxBattery(command, **kwargs)
     pollers.append(made)
     made.start()
     return made
 
 
+def good(termux: TermuxBattery) -> tuple[Battery, list[Problem]]:
+    battery, problems = termux.latest()
+    assert battery is not None
+    return battery, problems
+
+
 def test_json_becomes_a_battery_with_its_age(tmp_path: Path, pollers: list[TermuxBattery]) -> None:
     termux = poller(pollers, printing(tmp_path, STATUS))
-    battery, problems = eventually(lambda: termux.latest() if termux.latest()[0] else None)
+    battery, problems = eventually(lambda: good(termux))
     assert problems == []
     assert battery is not None
     assert battery.age_s is not None
@@ -142,7 +149,7 @@ def test_last_good_result_is_served_after_a_failure_until_stale(tmp_path: Path, 
 
 def test_absurd_battery_temperature_is_dropped_and_reported(tmp_path: Path, pollers: list[TermuxBattery]) -> None:
     termux = poller(pollers, printing(tmp_path, {**STATUS, "temperature": 400.0}))
-    battery, problems = eventually(lambda: termux.latest() if termux.latest()[0] else None)
+    battery, problems = eventually(lambda: good(termux))
     assert battery is not None
     assert battery.temp_c is None
     assert [p.reason for p in problems] == ["absurd: temperature 400 °C is outside -40..150 °C"]
@@ -151,7 +158,13 @@ def test_absurd_battery_temperature_is_dropped_and_reported(tmp_path: Path, poll
 def test_sampler_uses_termux_when_sysfs_has_no_battery(tree: FakeTree, tmp_path: Path) -> None:
     tree.meminfo()
     with SensorSampler(tree.root, termux_cmd=printing(tmp_path, STATUS), cpu_util=None) as sampler:
-        snapshot = eventually(lambda: (s := sampler.sample()).battery and s)
+
+        def with_battery() -> Snapshot:
+            snapshot = sampler.sample()
+            assert snapshot.battery is not None
+            return snapshot
+
+        snapshot = eventually(with_battery)
         assert snapshot.battery is not None
         assert snapshot.battery.source == "termux"
         # No thermal zone is readable: the battery's temperature is the thermal signal of last resort.
