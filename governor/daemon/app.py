@@ -89,7 +89,7 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
     holds = HoldRegistry(on_change=wake)
 
     supervisor = EngineSupervisor(
-        command=lambda cfg: engine_command(lpath, config.engine_socket, cfg),
+        command=lambda cfg: engine_command(lpath, config.engine_socket, cfg, drain_s=config.drain_timeout_s),
         ready=ready,
         configure=client.apply,
         ladder=ladder,

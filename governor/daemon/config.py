@@ -48,7 +48,7 @@ class DaemonConfig(BaseModel):
     metrics_textfile: Path | None = None
     udev: bool = True  # watch power_supply/thermal uevents (says so once and polls when udev is unavailable)
     drain_timeout_s: float = Field(default=10.0, ge=0)  # at shutdown, how long a running answer may finish
-    stop_timeout_s: float = Field(default=10.0, gt=0)  # then how long the engine gets after SIGTERM
+    stop_timeout_s: float = Field(default=10.0, gt=0)  # beyond the drain, before the engine is killed
     restart: RestartPolicy = RestartPolicy()
 
 

@@ -117,6 +117,8 @@ class _Handler(socketserver.StreamRequestHandler):
         api = self.server.api
         ttl = req.get("ttl_s")
         state = req.get("state")
+        if state is not None and state not in {s.value for s in State}:
+            raise ValueError(f"unknown state {state!r}; expected one of {', '.join(s.value for s in State)}")
         hold = Hold(
             owner=str(req.get("owner") or _peer(self.request)),
             state=State(state) if state is not None else None,

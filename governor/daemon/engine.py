@@ -27,8 +27,9 @@ class EngineLink(Protocol):
     def apply(self, config: EngineConfig) -> None: ...
 
 
-def engine_command(ladder: Path, socket_path: Path, config: EngineConfig) -> list[str]:
-    """The child's argv: the engine process of the engine issue, with this decision's settings."""
+def engine_command(ladder: Path, socket_path: Path, config: EngineConfig, *, drain_s: float = 10.0) -> list[str]:
+    """The child's argv: the engine process of the engine issue, with this decision's settings. On SIGTERM it
+    stops accepting and lets the running answer finish for `drain_s`, then stops it at a token boundary."""
     return [
         sys.executable,
         "-m",
@@ -47,6 +48,8 @@ def engine_command(ladder: Path, socket_path: Path, config: EngineConfig) -> lis
         str(config.n_ctx),
         "--kv",
         config.kv_type,
+        "--drain-s",
+        f"{drain_s:g}",
     ]
 
 

@@ -34,7 +34,6 @@ from policies.decision import Decision, Hold
 from sensors.snapshot import EngineObservation, Snapshot, TraceRecord
 
 RELOAD_WAIT_S = 30.0
-DRAIN_POLL_S = 0.2
 
 
 class Closeable(Protocol):
@@ -128,16 +127,11 @@ class Daemon:
         self.control.stop_accepting()
         if self.events is not None:
             self.events.stop()
-        log.info("stopping", phase="drain", timeout_s=self.config.drain_timeout_s)
-        deadline = self.clock.now() + self.config.drain_timeout_s
-        drain = threading.Event()
-        while self.clock.now() < deadline:
-            observed = self.engine.observe()
-            if observed is None or not observed.busy:
-                break
-            drain.wait(DRAIN_POLL_S)
-        log.info("stopping", phase="stop engine", timeout_s=self.config.stop_timeout_s)
-        self.supervisor.stop(self.config.stop_timeout_s)
+        # The engine drains itself on SIGTERM: it stops accepting, lets the running answer finish for
+        # drain_timeout_s, then stops it at a token boundary; SIGKILL only if it overruns by stop_timeout_s.
+        cfg = self.config
+        log.info("stopping", phase="drain and stop the engine", drain_s=cfg.drain_timeout_s)
+        self.supervisor.stop(cfg.drain_timeout_s + cfg.stop_timeout_s)
         self.engine.close()
         log.info("stopping", phase="restore")
         self.control.close()
