@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -35,7 +35,7 @@ class Policy:
     """A policy core that always asks for the largest model."""
 
     def decide(
-        self, snapshot: Snapshot, engine: EngineObservation | None, t: float, holds: tuple[Hold, ...] = ()
+        self, snapshot: Snapshot, engine: EngineObservation | None, t: float, holds: Sequence[Hold] = ()
     ) -> Decision:
         return Decision(t=t, state=State.IDLE, engine=LARGE, reason="idle: nothing running", rule="activity.idle")
 
@@ -62,6 +62,13 @@ class Harness:
             clock=RealClock(),
             latest_snapshot=lambda: self.snapshot,
         )
+
+
+def ready_pid(supervisor: EngineSupervisor) -> int:
+    eventually(lambda: supervisor.ready)
+    pid = supervisor.pid
+    assert pid is not None
+    return pid
 
 
 @pytest.fixture
@@ -92,7 +99,7 @@ def test_the_first_decision_starts_the_engine_with_its_settings(harness: Harness
 
 def test_a_killed_engine_is_restarted(harness: Harness) -> None:
     harness.supervisor.want(LARGE)
-    pid = eventually(lambda: harness.supervisor.ready and harness.supervisor.pid)
+    pid = ready_pid(harness.supervisor)
     os.kill(pid, signal.SIGKILL)
     eventually(lambda: harness.supervisor.status.starts == 2 and harness.supervisor.ready)
     status = harness.supervisor.status
@@ -107,7 +114,7 @@ def test_killed_under_memory_pressure_restarts_one_step_smaller() -> None:
     h = Harness(SLEEPER, snapshot=PRESSURE)
     try:
         h.supervisor.want(LARGE)
-        pid = eventually(lambda: h.supervisor.ready and h.supervisor.pid)
+        pid = ready_pid(h.supervisor)
         os.kill(pid, signal.SIGKILL)
         eventually(lambda: len(h.started) == 2)
         assert h.started[1].model == "medium"
@@ -144,7 +151,7 @@ def test_repeated_failures_mean_critical_not_a_crash_loop() -> None:
 
 def test_stop_terminates_the_engine(harness: Harness) -> None:
     harness.supervisor.want(LARGE)
-    pid = eventually(lambda: harness.supervisor.ready and harness.supervisor.pid)
+    pid = ready_pid(harness.supervisor)
     harness.supervisor.stop(5.0)
     assert not harness.supervisor.status.running
     with pytest.raises(ProcessLookupError):
