@@ -53,7 +53,7 @@ def locate(text: str, loc: Sequence[str | int]) -> int | None:
     """The 1-based line of the key or table header that best matches a pydantic error location, or None.
 
     tomllib gives no positions, so this tracks table headers and (dotted) keys line by line and keeps the line whose
-    full key path is the longest prefix of `loc`. Inline tables count as their key's line.
+    full key path is the longest prefix of `loc` (first wins). Inline tables count as their key's line.
     """
     want = [str(p) for p in loc if not isinstance(p, int)]
     table: list[str] = []
@@ -66,8 +66,14 @@ def locate(text: str, loc: Sequence[str | int]) -> int | None:
             path = table + _split_key(key.group(1))
         else:
             continue
-        if len(path) > best_len and want[: len(path)] == path:
-            best_line, best_len = number, len(path)
+        if want[: len(path)] == path:
+            score = len(path)
+        elif path[: len(want)] == want:
+            score = len(want)  # a table's sub-table stands for the table itself: `states` -> `[states.idle]`
+        else:
+            continue
+        if score > best_len:
+            best_line, best_len = number, score
     return best_line
 
 

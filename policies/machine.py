@@ -213,6 +213,8 @@ class Governor:
             need = max(timing.min_dwell_s, timing.recover_dwell_s)
         since = t - self.entered_t
         if since >= need:
+            if RANK[desired] > RANK[self.state]:
+                self._threads_t = t  # the first step back up comes a full recover step after leaving
             self.state, self.entered_t = desired, t
             return 0.0
         return need - since

@@ -1,0 +1,271 @@
+"""One test per rule of the state machine, driven by snapshots built from the sensor types."""
+
+from __future__ import annotations
+
+from policies import Governor
+from policies.decision import Hold, State
+from policies.schema import Policy
+from sensors.snapshot import Temperature
+from tests.policies.builders import BUSY, IDLE, run, snap, states
+from tests.policies.conftest import make_policy
+
+
+def heat_to_hot(gov: Governor, t0: float = 0.0) -> float:
+    """Drive the governor into hot with a steady 80 °C reading; returns the next free time."""
+    decisions = run(gov, [snap(80.0)] * 3, t0=t0)
+    assert decisions[-1].state == State.HOT
+    return t0 + 3
+
+
+def test_idle_until_the_engine_is_busy_then_sustained(policy: Policy) -> None:
+    gov = Governor(policy)
+    assert states(run(gov, [snap()] * 3, engine=IDLE)) == ["idle"] * 3
+    busy = run(gov, [snap()] * 6, t0=3, engine=BUSY)
+    first = next(d for d in busy if d.state == State.SUSTAINED)
+    assert first.rule == "activity.sustained"
+    assert first.t == 8.0  # 5 busy seconds of a 10 s window = 0.5
+    assert "engine busy 50 % of the last 10 s ≥ 50 %" in first.reason
+
+
+def test_sustained_falls_back_to_idle_only_after_the_dwell(policy: Policy) -> None:
+    gov = Governor(policy)
+    run(gov, [snap()] * 6, engine=BUSY)
+    decisions = run(gov, [snap()] * 20, t0=6, engine=IDLE)
+    back = next(d for d in decisions if d.state == State.IDLE)
+    assert back.rule == "activity.idle"
+    assert back.t >= 5 + policy.timing.recover_dwell_s
+
+
+def test_forecast_enters_hot_before_the_reading(policy: Policy) -> None:
+    gov = Governor(policy)
+    ramp = [snap(65.0 + 0.5 * i) for i in range(20)]
+    decisions = run(gov, ramp)
+    hot = next(d for d in decisions if d.state == State.HOT)
+    assert hot.rule == "thermal.forecast_enter"
+    assert hot.readings["temp_c"] is not None and float(hot.readings["temp_c"]) < 75.0  # type: ignore[arg-type]
+    assert "forecast" in hot.reason and "in 10 s ≥ 75 °C" in hot.reason
+    assert "threads 4→3" in hot.reason and "rate cap" in hot.reason
+    assert hot.engine.kv_type == "q8_0" and hot.engine.n_ctx == 2048
+    assert hot.changed
+
+
+def test_a_steady_reading_below_the_entry_never_enters_hot(policy: Policy) -> None:
+    gov = Governor(policy)
+    assert set(states(run(gov, [snap(74.5)] * 60))) == {"sustained", "idle"}
+
+
+def test_pi_lowers_threads_and_rate_while_over_the_setpoint(policy: Policy) -> None:
+    gov = Governor(policy)
+    t = heat_to_hot(gov)
+    decisions = run(gov, [snap(82.0)] * 40, t0=t)
+    assert all(d.state == State.HOT for d in decisions)
+    assert decisions[1].rule == "thermal.pi"
+    threads = [d.engine.threads for d in decisions]
+    rates = [d.engine.max_tokens_per_s or 0 for d in decisions]
+    assert threads == sorted(threads, reverse=True)
+    assert rates == sorted(rates, reverse=True)
+    assert (threads[-1], rates[-1]) == (1, 2.0)  # the hot profile's lower bounds
+    assert "setpoint 78 °C" in decisions[-1].reason
+
+
+def test_hot_holds_above_the_exit_and_leaves_below_it_after_debounce_and_dwell(policy: Policy) -> None:
+    gov = Governor(policy)
+    t = heat_to_hot(gov)
+    assert states(run(gov, [snap(72.0)] * 15, t0=t)) == ["hot"] * 15  # 72 > exit 71
+    decisions = run(gov, [snap(70.0)] * 10, t0=t + 15)
+    left = next(d for d in decisions if d.state != State.HOT)
+    assert left.rule == "thermal.exit"
+    assert "70.0 °C < 71 °C" in left.reason
+    assert left.t >= t + 15 + policy.thermal.exit_debounce_s
+
+
+def test_dwell_holds_a_wanted_change_and_says_so(policy: Policy) -> None:
+    gov = Governor(policy)
+    heat_to_hot(gov)  # hot entered at t=1
+    held = run(gov, [snap(60.0)] * 6, t0=3)
+    assert all(d.state == State.HOT for d in held)
+    waiting = [d for d in held if d.rule == "dwell.hold"]
+    assert waiting
+    assert "(dwell)" in waiting[0].reason
+
+
+def test_threads_come_back_one_step_per_recover_step(policy: Policy) -> None:
+    gov = Governor(policy)
+    t = heat_to_hot(gov)
+    before = run(gov, [snap(84.0)] * 30, t0=t)  # PI down to 1 thread
+    assert before[-1].engine.threads == 1
+    decisions = [before[-1], *run(gov, [snap(60.0)] * 40, t0=t + 30)]
+    assert any(d.rule == "thermal.exit" for d in decisions)
+    steps = [d for prev, d in zip(decisions, decisions[1:], strict=False) if d.engine.threads != prev.engine.threads]
+    assert [d.engine.threads for d in steps] == [2, 3, 4]  # one at a time, never down again
+    gaps = [b.t - a.t for a, b in zip(steps, steps[1:], strict=False)]
+    assert all(gap >= policy.timing.recover_step_s for gap in gaps)
+    assert steps[-1].rule == "recover.step"
+    assert steps[-2].engine.max_tokens_per_s is not None  # the cap lifts only once threads are back
+    assert decisions[-1].engine.max_tokens_per_s is None
+
+
+def test_critical_is_immediate_even_inside_the_dwell(policy: Policy) -> None:
+    gov = Governor(policy)
+    heat_to_hot(gov)  # hot since t=1
+    decisions = run(gov, [snap(91.0)] * 2, t0=3, dt=0.5)
+    assert decisions[-1].state == State.CRITICAL
+    crit = decisions[-1]
+    assert crit.rule == "thermal.critical"
+    assert "91.0 °C ≥ critical 90 °C" in crit.reason
+    assert (crit.engine.threads, crit.engine.n_ctx, crit.engine.kv_type) == (1, 512, "q4_0")
+    assert crit.engine.model == "smallest"
+
+
+def test_thresholds_default_to_the_lowest_passive_trip_of_trusted_zones() -> None:
+    gov = Governor(make_policy(thermal={"trip_c": None, "critical_c": None}))
+    nvme = Temperature(
+        source="hwmon1/temp1", kind="hwmon", label="nvme", temp_c=50.0, trips=()
+    )
+    s = snap(70.0, trips=[("passive", 85.0), ("passive", 95.0), ("critical", 105.0)], extra=[nvme])
+    d = gov.decide(s, BUSY, 0.0)
+    assert d.readings["trip_c"] == 85.0
+    assert d.readings["hot_enter_c"] == 80.0
+    assert d.readings["critical_c"] == 100.0  # critical trip - critical_margin_c
+    assert d.readings["trip_source"] == "cpu-thermal passive trip"
+
+
+def test_no_trip_anywhere_uses_the_policy_fallback() -> None:
+    gov = Governor(make_policy(thermal={"trip_c": None}))
+    d = gov.decide(snap(50.0), BUSY, 0.0)
+    assert (d.readings["trip_c"], d.readings["trip_source"]) == (85.0, "fallback")
+
+
+def test_untrusted_and_implausible_zones_are_ignored(policy: Policy) -> None:
+    gov = Governor(policy)
+    nvme = Temperature(source="hwmon1/temp1", kind="hwmon", label="nvme", temp_c=99.0)
+    decisions = run(gov, [snap(140.0, extra=[nvme])] * 5)
+    assert states(decisions)[-1] in {"idle", "sustained"}
+    assert decisions[-1].readings["temp_c"] is None
+    assert "temperature" in decisions[-1].reason and "unknown" in decisions[-1].reason
+
+
+def test_battery_temperature_counts_when_the_policy_trusts_it() -> None:
+    gov = Governor(make_policy(thermal={"zones": ["skin*"], "use_battery_temp": True}))
+    d = gov.decide(snap(None, percent=80, plugged=False, battery_temp_c=41.5), BUSY, 0.0)
+    assert (d.readings["temp_c"], d.readings["zone"]) == (41.5, "battery")
+
+
+def test_low_battery_on_discharge_with_hysteresis(policy: Policy) -> None:
+    gov = Governor(policy)
+    run(gov, [snap(percent=30, plugged=False)] * 2, engine=IDLE)
+    decisions = run(gov, [snap(percent=20, plugged=False)] * 4, t0=2, engine=IDLE)
+    low = next(d for d in decisions if d.state == State.LOW_BATTERY)
+    assert low.rule == "battery.low"
+    assert low.t == 4.0  # after the 2 s debounce
+    assert "battery 20 % ≤ 20 % on battery power" in low.reason
+    assert (low.engine.threads, low.engine.max_tokens_per_s) == (2, 6.0)
+    # 24 % is inside the hysteresis band: stays low
+    assert set(states(run(gov, [snap(percent=24, plugged=False)] * 20, t0=6, engine=IDLE))) == {"low_battery"}
+    up = run(gov, [snap(percent=26, plugged=False)] * 5, t0=26, engine=IDLE)
+    assert up[-1].state == State.IDLE
+    assert next(d for d in up if d.state == State.IDLE).rule == "battery.recovered"
+
+
+def test_plugging_in_leaves_low_battery_after_the_debounce(policy: Policy) -> None:
+    gov = Governor(policy)
+    run(gov, [snap(percent=15, plugged=False)] * 15, engine=IDLE)
+    decisions = run(gov, [snap(percent=15, plugged=True, charging=True)] * 5, t0=15, engine=IDLE)
+    assert decisions[0].state == State.LOW_BATTERY
+    back = next(d for d in decisions if d.state != State.LOW_BATTERY)
+    assert back.rule == "battery.plugged"
+    assert back.t == 17.0
+    assert "on external power at 15 %" in back.reason
+
+
+def test_unplugged_battery_at_critical_level_is_critical(policy: Policy) -> None:
+    gov = Governor(policy)
+    decisions = run(gov, [snap(percent=4, plugged=False)] * 3, engine=IDLE)
+    crit = next(d for d in decisions if d.state == State.CRITICAL)
+    assert crit.rule == "battery.critical"
+    assert "battery 4 % ≤ 5 % on battery power" in crit.reason
+
+
+def test_memory_below_the_floor_is_critical(policy: Policy) -> None:
+    gov = Governor(policy)
+    decisions = run(gov, [snap(available_mb=80)] * 3, engine=IDLE)
+    crit = next(d for d in decisions if d.state == State.CRITICAL)
+    assert crit.rule == "memory.floor"
+    assert "80 MiB available < floor 100 MiB" in crit.reason
+
+
+def test_memory_pressure_shrinks_context_step_by_step_without_a_ladder(policy: Policy) -> None:
+    gov = Governor(policy)
+    run(gov, [snap(psi=0.0)] * 2, engine=IDLE)
+    decisions = run(gov, [snap(psi=25.0)] * 12, t0=2, engine=IDLE)
+    assert decisions[0].rule == "memory.pressure"
+    assert [d.engine.n_ctx for d in decisions[:1]] == [2048]
+    assert min(d.engine.n_ctx for d in decisions) == 512  # three shrinks, 5 s apart, floor min_ctx
+    assert "memory pressure 25 %" in decisions[0].reason
+    calm = run(gov, [snap(psi=0.5)] * 15, t0=14, engine=IDLE)
+    assert calm[0].engine.n_ctx == 512  # held for the exit debounce
+    assert calm[-1].engine.n_ctx == 4096
+
+
+def test_a_hold_pins_a_profile_but_not_over_hot(policy: Policy) -> None:
+    gov = Governor(make_policy(states={"sustained": {"threads": 2}}))
+    pin = (Hold(owner="chat", state=State.IDLE),)
+    decisions = run(gov, [snap()] * 8, holds=pin)
+    assert decisions[-1].state == State.IDLE
+    assert decisions[-1].engine.threads == 4
+    assert decisions[-1].rule == "hold.pin"
+    hot = run(gov, [snap(80.0)] * 3, t0=8, holds=pin)
+    assert hot[-1].state == State.HOT
+    assert hot[-1].engine.threads <= 3
+
+
+def test_a_pin_overrides_low_battery(policy: Policy) -> None:
+    gov = Governor(policy)
+    pin = (Hold(owner="chat", state=State.IDLE),)
+    d = run(gov, [snap(percent=15, plugged=False)] * 5, holds=pin, engine=IDLE)[-1]
+    assert d.state == State.IDLE and d.engine.threads == 4
+
+
+def test_caps_always_apply_and_expired_holds_do_not(policy: Policy) -> None:
+    gov = Governor(policy)
+    holds = (Hold(owner="a", max_threads=2, max_tokens_per_s=3.0), Hold(owner="b", max_threads=1, expires_t=1.5))
+    decisions = run(gov, [snap()] * 4, holds=holds, engine=IDLE)
+    assert decisions[0].engine.threads == 1
+    assert decisions[-1].engine.threads == 1  # going up waits for the recover step
+    assert decisions[-1].engine.max_tokens_per_s == 3.0
+    later = run(gov, [snap()] * 8, t0=4, holds=holds, engine=IDLE)
+    assert later[-1].engine.threads == 2
+
+
+def test_missing_readings_never_crash_and_are_named(policy: Policy) -> None:
+    gov = Governor(policy)
+    empty = snap(None, available_mb=None, percent=None, plugged=None)
+    d = gov.decide(empty, None, 0.0)
+    assert d.state == State.IDLE
+    assert "temperature, engine activity unknown" in d.reason
+    nobatt = snap(50.0, plugged=True, percent=None)
+    assert "battery level" in gov.decide(nobatt, BUSY, 1.0).reason
+
+
+def test_an_unknown_temperature_keeps_hot(policy: Policy) -> None:
+    gov = Governor(policy)
+    t = heat_to_hot(gov)
+    decisions = run(gov, [snap(None)] * 20, t0=t)
+    assert states(decisions) == ["hot"] * 20
+    assert "temperature unknown" in decisions[-1].reason
+
+
+def test_interval_is_short_while_mitigating_or_deciding(policy: Policy) -> None:
+    gov = Governor(policy)
+    calm = gov.decide(snap(50.0), IDLE, 0.0)
+    assert gov.interval_s(calm) == 1.0
+    pending = gov.decide(snap(80.0), IDLE, 1.0)  # hot is debouncing
+    assert pending.state == State.IDLE and gov.interval_s(pending) == 0.25
+    hot = gov.decide(snap(80.0), IDLE, 2.0)
+    assert hot.state == State.HOT and gov.interval_s(hot) == 0.25
+
+
+def test_changed_marks_only_engine_config_changes(policy: Policy) -> None:
+    gov = Governor(policy)
+    decisions = run(gov, [snap(50.0)] * 3 + [snap(76.0)] * 3)  # under the setpoint: PI stays at its top
+    assert [d.changed for d in decisions] == [True, False, False, False, True, False]
