@@ -46,12 +46,16 @@ def run(args: argparse.Namespace) -> int:
     command = shlex.split(args.termux_command) if args.termux_command else None
     sampler = make_sampler(args.root, termux_cmd=command)
     console = Console(highlight=False)
+    if not console.is_terminal:
+        console.width = 160  # piped or captured: rich's 80-column default would wrap table cells
     wake = threading.Event()
     events = UdevEvents(lambda _event: wake.set())
     if args.watch and args.root == Path("/"):
         events.start()  # a charger plugged in shows at once instead of at the next interval
     shown = 0
     try:
+        if not args.watch:
+            sampler.warm_up()
         if not args.json:
             for note in sampler.notes():
                 console.print(note, soft_wrap=True)
@@ -88,8 +92,8 @@ def _battery(battery: Battery | None) -> str:
     plug = {True: "on external power", False: "on battery", None: "power source unknown"}[battery.plugged]
     age = f", {battery.age_s:.0f} s old" if battery.age_s is not None else ""
     return (
-        f"{_num(battery.percent, '.0f', ' %')}, {state}, {plug}, {_num(battery.power_w, '.2f', ' W')}, "
-        f"{_num(battery.temp_c, '.1f', ' °C')} ({battery.source}{age})"
+        f"{_num(battery.percent, '.0f', ' %')}, {state}, {plug}, power {_num(battery.power_w, '.2f', ' W')}, "
+        f"temperature {_num(battery.temp_c, '.1f', ' °C')} ({battery.source}{age})"
     )
 
 

@@ -85,6 +85,9 @@ class PsutilSampler:
     def notes(self) -> list[str]:
         return ["using psutil (no Linux sysfs tree here)"]
 
+    def warm_up(self) -> None:
+        """Nothing runs in the background here."""
+
     def _temperatures(self, problems: list[Problem]) -> tuple[Temperature, ...]:
         read = getattr(self._api, "sensors_temperatures", None)  # absent on macOS and Windows builds
         if read is None:

@@ -28,6 +28,8 @@ class Sampler(Protocol):
 
     def notes(self) -> list[str]: ...
 
+    def warm_up(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -156,6 +158,11 @@ class SensorSampler:
         if reader.vanished:
             self._inventory = None
         return snapshot
+
+    def warm_up(self) -> None:
+        """One-shot callers (the CLI) wait for termux-battery-status's first answer; the loop never does."""
+        if self.termux is not None and not any(s.battery for s in self.inventory().supplies):
+            self.termux.wait_first(self.termux.timeout_s + 1)
 
     def notes(self) -> list[str]:
         """What was found and what not, in words (the CLI prints these above the table)."""

@@ -78,6 +78,7 @@ class TermuxBattery:
         self._proc: subprocess.Popen[bytes] | None = None
         self._good: tuple[Battery, float] | None = None
         self._error: str | None = None
+        self._first = threading.Event()
         self.runs = 0  # completed attempts, successful or not
 
     @property
@@ -88,6 +89,11 @@ class TermuxBattery:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="termux-battery-status", daemon=True)
             self._thread.start()
+
+    def wait_first(self, timeout_s: float) -> bool:
+        """For one-shot callers (the CLI), not the loop: wait until the first attempt has finished."""
+        self.start()
+        return self._first.wait(timeout_s)
 
     def close(self) -> None:
         self._stop.set()
@@ -125,6 +131,7 @@ class TermuxBattery:
                 self._good = (battery, self._monotonic())
             self._error = error
             self.runs += 1
+        self._first.set()
 
     def _call(self) -> tuple[Battery | None, str | None]:
         try:
