@@ -71,8 +71,7 @@ class Reader:
         self.vanished = False  # a file listed at discovery is gone: rediscover before the next sample
 
     def problem(self, path: str, reason: str) -> None:
-        # Both fields are plain str built here: model_construct skips validation that cannot fail.
-        self.problems.append(Problem.model_construct(path=self.root.display(path), reason=reason))
+        self.problems.append(Problem(path=self.root.display(path), reason=reason))
 
     def text(self, path: str) -> str | None:
         try:

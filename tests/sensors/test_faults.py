@@ -177,7 +177,7 @@ _garbage = st.one_of(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(contents=st.lists(_garbage, min_size=40, max_size=40))
 def test_any_file_content_gives_a_snapshot_never_an_exception(contents: list[bytes | str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
