@@ -1,0 +1,209 @@
+"""The simulated engine: a llama.cpp process as seen from outside (speed, memory, reloads), driven by a workload.
+
+Decode speed per token (documented in docs/lab.md):
+
+    compute-limited   r_c = threads · s · (f/f_max) · thread_tok_s    (s = 1 on big cores; once a thread lands on
+                      a little core, s = little_speed: llama.cpp splits work evenly, the slowest thread sets the pace)
+    bandwidth-limited r_b = bandwidth / (weights + kv_bytes_per_token · context)   (all weights and the KV are read)
+    decode rate       r   = min(r_c, r_b, rate cap);  the cap idles the cores for the rest (duty r / min(r_c, r_b))
+    prefill rate      threads · (f/f_max) · prefill_thread_tok_s                    (compute-bound)
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from governor.lab.device import MB, CpuSpec, EngineSpec, ModelSpec
+from governor.lab.workload import Request
+from policies.decision import EngineConfig
+
+
+@dataclass
+class EngineStats:
+    tokens: float = 0.0
+    decode_s: float = 0.0
+    prefill_tokens: float = 0.0
+    answers: int = 0
+    truncated: int = 0
+    failed: int = 0
+    oom_kills: int = 0
+    reloads: int = 0
+    ttft_s: list[float] = field(default_factory=list)
+    rate_samples: list[tuple[float, float]] = field(default_factory=list)  # (tokens/s, seconds) while decoding
+
+
+class EngineSim:
+    """One engine process: loads the model a config names, serves requests one at a time, can be OOM-killed."""
+
+    def __init__(self, spec: EngineSpec, cpu: CpuSpec) -> None:
+        self.spec = spec
+        self.cpu = cpu
+        self._big = self._little = 0  # threads on big and on little cores
+        self._speed = 0.0  # big-core equivalents at f_max
+        self._kv_per_tok = self._weights = 0.0
+        self._cached: set[str] = set()  # models read once stay in the page cache (mmap) unless memory runs out
+        self.config: EngineConfig | None = None
+        self.tier: ModelSpec | None = None
+        self.loaded = False
+        self.ready_s = 0.0  # loading (or restarting) until then
+        self.ctx = 0.0  # tokens held in the KV cache
+        self.history = 0.0  # tokens of the conversation so far (what a reload must evaluate again)
+        self._pending_history = 0.0  # history to evaluate before the next prompt (after a reload)
+        self.queue: deque[Request] = deque()
+        self.current: Request | None = None
+        self.prefill_left = 0.0
+        self.answer_left = 0.0
+        self.stats = EngineStats()
+        self.finished: list[float] = []  # times answers ended (or failed), for the chat driver
+        self.window_tokens = 0.0  # since the last observe()
+        self.window_decode_s = 0.0
+
+    # --- control (EngineControl.apply through SimulatedEngine) ---
+
+    def apply(self, config: EngineConfig, t: float) -> None:
+        old = self.config
+        self.config = config
+        self.tier = tier = self.spec.tier(config.model)
+        cpu = self.cpu
+        threads = min(config.threads, cpu.cores)
+        self._big = min(threads, cpu.cores - cpu.little_cores)
+        self._little = threads - self._big
+        self._speed = threads * (cpu.little_speed if self._little else 1.0)
+        self._kv_per_tok = tier.kv_bytes_per_token(config.kv_type)
+        self._weights = tier.weights_mb * MB
+        if old is None or (old.model, old.n_ctx, old.kv_type) != (config.model, config.n_ctx, config.kv_type):
+            self._reload(t, delay_s=0.0)
+
+    def _reload(self, t: float, delay_s: float) -> None:
+        """A new context (or model) means a fresh KV cache: the kept conversation is evaluated again."""
+        assert self.tier is not None
+        assert self.config is not None
+        self.stats.reloads += 1
+        self.loaded = False
+        cached = self.tier.name in self._cached
+        speed = self.spec.cached_load_mb_s if cached else self.spec.load_mb_s
+        self.ready_s = t + delay_s + self.spec.context_s + self.tier.weights_mb / speed
+        self._cached.add(self.tier.name)
+        half = self.config.n_ctx // 2
+        if self.current is not None:
+            self.prefill_left = min(self.ctx + self.prefill_left, half)
+            self.answer_left = min(self.answer_left, self.config.n_ctx - self.prefill_left)
+        else:
+            self.history = self._pending_history = min(self.history, half)
+        self.ctx = 0.0
+
+    def footprint_bytes(self) -> int:
+        if self.config is None or self.tier is None:
+            return 0
+        return self.spec.footprint_bytes(self.tier, self.config.n_ctx, self.config.kv_type)
+
+    def resident_bytes(self) -> int:
+        return self.footprint_bytes() if self.loaded else 0
+
+    def oom_kill(self, t: float) -> None:
+        """The kernel kills the process: the answer in progress is lost; the daemon starts it again."""
+        self.stats.oom_kills += 1
+        self._cached.clear()  # memory ran out: the page cache was dropped first
+        if self.current is not None:
+            self.stats.failed += 1
+            self.current = None
+            self.finished.append(t)
+        self._reload(t, delay_s=self.spec.restart_s)
+
+    # --- serving ---
+
+    def submit(self, request: Request) -> None:
+        self.queue.append(request)
+
+    def busy(self) -> bool:
+        return self.current is not None or bool(self.queue)
+
+    def _start(self, request: Request) -> bool:
+        assert self.config is not None
+        n_ctx = self.config.n_ctx
+        if request.new_conversation:
+            self.ctx, self.history, self._pending_history = 0.0, 0.0, 0.0
+            prefill = float(request.system_tokens + request.prompt_tokens)
+        else:
+            prefill = self._pending_history + request.prompt_tokens
+            self._pending_history = 0.0
+        if self.ctx + prefill + request.answer_tokens > n_ctx:
+            # trim the history to the most recent half of the context and evaluate it again (n_keep/n_discard)
+            keep = max(0.0, min(self.history, n_ctx // 2 - request.prompt_tokens))
+            self.ctx, self.history = 0.0, keep
+            prefill = keep + request.prompt_tokens
+        if prefill >= n_ctx:
+            self.stats.failed += 1  # the prompt alone does not fit: llama.cpp raises ValueError
+            return False
+        self.current = request
+        self.prefill_left = prefill
+        self.answer_left = min(float(request.answer_tokens), n_ctx - self.ctx - prefill)
+        if self.answer_left < request.answer_tokens:
+            self.stats.truncated += 1
+        return True
+
+    def step(self, t: float, h: float, freq_ratio: float) -> tuple[float, float]:  # noqa: PLR0915 (hot path)
+        """Run for h seconds at the given CPU frequency; returns the mean busy (big, little) cores in the step."""
+        if self.config is None or self.tier is None:
+            return 0.0, 0.0
+        if not self.loaded:
+            if t + h <= self.ready_s:
+                return 0.0, 0.0
+            self.loaded = True
+        cfg, tier = self.config, self.tier
+        compute = self._speed * freq_ratio
+        kv_per_tok, weights = self._kv_per_tok, self._weights
+        now = max(t, self.ready_s)
+        end = t + h
+        busy = 0.0
+        while now < end - 1e-12:
+            if self.current is None:
+                while self.queue and self.current is None:
+                    self._start(self.queue.popleft())
+                if self.current is None:
+                    break
+            left = end - now
+            if self.prefill_left > 0:
+                rate = compute * tier.prefill_thread_tok_s
+                spent = min(left, self.prefill_left / rate)
+                done = rate * spent
+                self.prefill_left -= done
+                self.ctx += done
+                self.stats.prefill_tokens += done
+                busy += spent
+                now += spent
+                if self.prefill_left <= 1e-9:
+                    self.prefill_left = 0.0
+                continue
+            limit = min(compute * tier.thread_tok_s, self.spec.bandwidth_gb_s * 1e9 / (weights + kv_per_tok * self.ctx))
+            rate = min(limit, cfg.max_tokens_per_s) if cfg.max_tokens_per_s else limit
+            spent = min(left, self.answer_left / rate)
+            done = rate * spent
+            if self.current.first_token_s is None and done > 0:
+                self.current.first_token_s = now + 1.0 / rate
+                self.stats.ttft_s.append(self.current.first_token_s - self.current.arrival_s)
+            self.answer_left -= done
+            self.ctx += done
+            self.stats.tokens += done
+            self.stats.decode_s += spent
+            self.window_tokens += done
+            self.window_decode_s += spent
+            self.stats.rate_samples.append((rate, spent))
+            busy += spent * rate / limit
+            now += spent
+            if self.answer_left <= 1e-9:
+                self.history = self.ctx
+                self.stats.answers += 1
+                self.current = None
+                self.finished.append(now)
+        duty = busy / h
+        return self._big * duty, self._little * duty
+
+    def take_rate(self) -> float | None:
+        """Mean decode tokens/s since the last call (what the engine's stats endpoint would report)."""
+        if self.window_decode_s <= 0:
+            return None
+        rate = self.window_tokens / self.window_decode_s
+        self.window_tokens = self.window_decode_s = 0.0
+        return rate

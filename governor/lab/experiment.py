@@ -1,0 +1,130 @@
+"""One experiment: the daemon's own loop and a policy on a virtual clock against a simulated device and workload."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TextIO
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from governor.clock import VirtualClock
+from governor.lab.device import DeviceSpec
+from governor.lab.workload import WorkloadSpec
+from governor.lab.world import Series, SimulatedDevice, SimulatedEngine, World
+from governor.loop import Decider, GovernorLoop
+from policies.decision import Decision
+from sensors.snapshot import EngineObservation, Snapshot, TraceRecord
+
+
+class Summary(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    device: str
+    policy: str
+    workload: str
+    minutes: float
+    tokens: float
+    answers: int
+    failed: int
+    mean_tokens_per_s: float | None
+    p10_tokens_per_s: float | None
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    limit_zone: str
+    trip_c: float
+    peak_c: float
+    mean_c: float
+    peak_die_c: float
+    throttled_pct: float
+    state_changes: int
+    energy_j: float
+    j_per_token: float | None
+    oom_kills: int
+    battery_used_wh: float | None
+    battery_used_pct: float | None
+
+
+@dataclass
+class Run:
+    summary: Summary
+    series: Series
+    states: list[tuple[float, str]] = field(default_factory=list)  # (t, state) at every state change
+
+
+def weighted_percentile(samples: Sequence[tuple[float, float]], q: float) -> float | None:
+    """The value below which a fraction q of the total weight lies (time-weighted rates)."""
+    if not samples:
+        return None
+    arr = np.array(samples)
+    order = np.argsort(arr[:, 0])
+    values, weights = arr[order, 0], np.cumsum(arr[order, 1])
+    return float(values[np.searchsorted(weights, q * weights[-1])])
+
+
+def simulate(
+    device: DeviceSpec,
+    decider: Decider,
+    workload: WorkloadSpec,
+    *,
+    policy_name: str,
+    minutes: float | None = None,
+    seed: int | None = None,
+    trace: TextIO | None = None,
+) -> Run:
+    """Run `decider` in the daemon's GovernorLoop on a VirtualClock; `trace` gets one TraceRecord line per tick."""
+    end_s = minutes * 60 if minutes is not None else workload.duration_s
+    clock = VirtualClock()
+    world = World(device, workload, seed)
+    stop = threading.Event()
+    states: list[tuple[float, str]] = []
+
+    def listen(t: float, snapshot: Snapshot, observed: EngineObservation | None, decision: Decision) -> None:
+        if trace is not None:
+            record = TraceRecord(**dict(snapshot), t=t, engine=observed)
+            trace.write(record.model_dump_json(exclude_defaults=True) + "\n")
+        if not states or states[-1][1] != decision.state.value:
+            states.append((t, decision.state.value))
+        if t >= end_s:
+            stop.set()
+            loop.wake.set()
+
+    sensors, engine = SimulatedDevice(world, clock), SimulatedEngine(world, clock)
+    loop = GovernorLoop(sensors, decider, engine, clock, listeners=[listen])
+    loop.run(stop)
+    summary = summarize(world, policy_name, workload.name, len(states) - 1)
+    return Run(summary=summary, series=world.series, states=states)
+
+
+def summarize(world: World, policy: str, workload: str, state_changes: int) -> Summary:
+    stats = world.engine.stats
+    energy = world.thermal.energy_in_j
+    bat = world.device.battery
+    ttft = np.array(stats.ttft_s) if stats.ttft_s else None
+    return Summary(
+        device=world.device.name,
+        policy=policy,
+        workload=workload,
+        minutes=world.t / 60,
+        tokens=round(stats.tokens),
+        answers=stats.answers,
+        failed=stats.failed,
+        mean_tokens_per_s=stats.tokens / stats.decode_s if stats.decode_s else None,
+        p10_tokens_per_s=weighted_percentile(stats.rate_samples, 0.10),
+        ttft_p50_s=float(np.percentile(ttft, 50)) if ttft is not None else None,
+        ttft_p95_s=float(np.percentile(ttft, 95)) if ttft is not None else None,
+        limit_zone=world.device.zone[world.limit_index].label,
+        trip_c=world.limit_trip.temp_c,
+        peak_c=world.peak_limit_c,
+        mean_c=world.sum_limit_c_s / world.t if world.t else world.peak_limit_c,
+        peak_die_c=world.peak_die_c,
+        throttled_pct=100 * world.throttled_s / world.t if world.t else 0.0,
+        state_changes=max(0, state_changes),
+        energy_j=energy,
+        j_per_token=energy / stats.tokens if stats.tokens else None,
+        oom_kills=stats.oom_kills,
+        battery_used_wh=world.battery_used_wh if bat else None,
+        battery_used_pct=100 * world.battery_used_wh / bat.capacity_wh if bat else None,
+    )

@@ -1,0 +1,202 @@
+"""A simulated device as the loop sees it: `SimulatedDevice` is a SensorSource and `SimulatedEngine` an
+EngineControl, both views of one `World` that advances its physics lazily to the clock's time on a fixed grid."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from governor.clock import Clock
+from governor.lab.device import MB, DeviceSpec
+from governor.lab.engine import EngineSim
+from governor.lab.thermal import StepWise, ThermalModel
+from governor.lab.workload import Driver, WorkloadSpec
+from policies.decision import EngineConfig
+from sensors.snapshot import Battery, Cpu, EngineObservation, Memory, Snapshot, Temperature, Trip
+
+PSI_KNEE = 0.10  # memory stalls start when less than this fraction of RAM is available
+
+
+@dataclass
+class Series:
+    """The run over time at `every_s` resolution, for plots."""
+
+    t: list[float] = field(default_factory=list)
+    limit_c: list[float] = field(default_factory=list)  # the limiting zone (die or skin)
+    die_c: list[float] = field(default_factory=list)
+    tokens_per_s: list[float] = field(default_factory=list)  # decoded tokens in the interval / interval
+    freq_ratio: list[float] = field(default_factory=list)
+    power_w: list[float] = field(default_factory=list)
+
+
+class World:
+    def __init__(self, device: DeviceSpec, workload: WorkloadSpec, seed: int | None = None, record_s: float = 2.0):
+        self.device = device
+        self.dt = device.sim.dt_s
+        self.thermal = ThermalModel(device.thermal, device.ambient_c, start_power_w=device.power.idle_w)
+        trips = []
+        for i, zone in enumerate(device.zone):
+            for trip in zone.trip:
+                if trip.type == "passive":
+                    deepest = len(device.cpu.freq_steps) - 1
+                    trips.append((i, trip.temp_c, trip.hysteresis_c, min(trip.max_state or deepest, deepest)))
+        self.kernel = StepWise(trips, len(device.zone))
+        self._poll_every = max(1, round(device.cpu.poll_s / self.dt))
+        self._zone_die = [z.node == "die" for z in device.zone]
+        self._trips = [tuple(Trip(type=t.type, temp_c=t.temp_c) for t in z.trip) for z in device.zone]
+        self.limit_index, self.limit_trip = device.limit_zone()
+        self.engine = EngineSim(device.engine, device.cpu)
+        self.driver = Driver(workload, seed)
+        self.other_apps_bytes = int(device.memory.other_apps_mb * MB)
+        self.total_bytes = int(device.memory.total_mb * MB)
+        bat = device.battery
+        self.plugged = bat.plugged if bat else True
+        self.battery_wh = bat.capacity_wh * bat.percent / 100 if bat else 0.0
+        self.battery_used_wh = 0.0
+        self.t = 0.0
+        self._steps = 0
+        self.power_w = device.power.idle_w
+        self.busy_cores = 0.0
+        # running figures for the summary
+        self.peak_limit_c = self.peak_die_c = self.zone_temp(self.limit_index)
+        self.sum_limit_c_s = 0.0
+        self.throttled_s = 0.0
+        self.series = Series()
+        self._record_every = max(1, round(record_s / self.dt))
+        self._tokens_at_record = 0.0
+
+    def zone_temp(self, i: int) -> float:
+        return self.thermal.die_c if self._zone_die[i] else self.thermal.case_c
+
+    @property
+    def freq_ratio(self) -> float:
+        return self.device.cpu.freq_steps[self.kernel.state]
+
+    def advance_to(self, t: float) -> None:
+        """Step the physics on its fixed grid up to `t` (the snapshot is at most one step old)."""
+        dt = self.dt
+        while self.t + dt <= t + 1e-9:
+            self._step(dt)
+
+    def _step(self, h: float) -> None:
+        t = self.t
+        for event in self.driver.events(t):
+            if event.plugged is not None:
+                self.plugged = event.plugged
+            if event.other_apps_mb is not None:
+                self.other_apps_bytes = int(event.other_apps_mb * MB)
+            if event.ambient_c is not None:
+                self.thermal.set_ambient(event.ambient_c)
+        engine = self.engine
+        for request in self.driver.arrivals(t):
+            engine.submit(request)
+        if engine.loaded and engine.footprint_bytes() > self.total_bytes - self.other_apps_bytes:
+            engine.oom_kill(t)
+        freq = self.freq_ratio
+        big, little = engine.step(t, h, freq)
+        for end in engine.finished:
+            self.driver.answered(end)
+        engine.finished.clear()
+        p = self.device.power
+        self.busy_cores = big + little
+        dynamic = p.thread_w * big + self.device.cpu.little_thread_w * little
+        self.power_w = p.idle_w + dynamic * freq**p.freq_exponent
+        self.thermal.step(self.power_w, h)
+        if self.device.battery is not None:
+            if self.plugged:
+                cap = self.device.battery.capacity_wh
+                self.battery_wh = min(cap, self.battery_wh + self.device.battery.charge_w * h / 3600)
+            else:
+                used = min(self.battery_wh, self.power_w * h / 3600)
+                self.battery_wh -= used
+                self.battery_used_wh += used
+        self._steps += 1
+        self.t = t + h
+        if self._steps % self._poll_every == 0:
+            self.kernel.poll([self.zone_temp(i) for i in range(len(self._zone_die))])
+        limit = self.zone_temp(self.limit_index)
+        self.peak_limit_c = max(self.peak_limit_c, limit)
+        self.peak_die_c = max(self.peak_die_c, self.thermal.die_c)
+        self.sum_limit_c_s += limit * h
+        if self.kernel.state > 0:
+            self.throttled_s += h
+        if self._steps % self._record_every == 0:
+            s = self.series
+            s.t.append(self.t)
+            s.limit_c.append(limit)
+            s.die_c.append(self.thermal.die_c)
+            s.tokens_per_s.append((engine.stats.tokens - self._tokens_at_record) / (h * self._record_every))
+            self._tokens_at_record = engine.stats.tokens
+            s.freq_ratio.append(freq)
+            s.power_w.append(self.power_w)
+
+    def snapshot(self) -> Snapshot:
+        temps = tuple(
+            Temperature(
+                source=f"sim:zone{i}", kind="simulated", label=z.label, temp_c=self.zone_temp(i), trips=self._trips[i]
+            )
+            for i, z in enumerate(self.device.zone)
+        )
+        battery = None
+        spec = self.device.battery
+        if spec is not None:
+            charging = self.plugged and self.battery_wh < spec.capacity_wh
+            battery = Battery(
+                percent=100 * self.battery_wh / spec.capacity_wh,
+                charging=charging,
+                plugged=self.plugged,
+                power_w=spec.charge_w if charging else (0.0 if self.plugged else self.power_w),
+                temp_c=self.thermal.case_c,
+                source="simulated",
+                energy_wh=self.battery_wh,
+                energy_full_wh=spec.capacity_wh,
+            )
+        available = max(0, self.total_bytes - self.other_apps_bytes - self.engine.resident_bytes())
+        knee = PSI_KNEE * self.total_bytes
+        psi = max(0.0, min(100.0, 50.0 * (knee - available) / knee))
+        cpu = self.device.cpu
+        return Snapshot(
+            temperatures=temps,
+            battery=battery,
+            memory=Memory(total_bytes=self.total_bytes, available_bytes=available, psi_some_avg10=psi),
+            cpu=Cpu(
+                freq_ratio=self.freq_ratio,
+                throttled=self.kernel.state > 0,
+                count=cpu.cores,
+                util_percent=100 * self.busy_cores / cpu.cores,
+            ),
+        )
+
+
+class SimulatedDevice:
+    """SensorSource: the same snapshots real sensors give, from the model."""
+
+    def __init__(self, world: World, clock: Clock) -> None:
+        self.world = world
+        self.clock = clock
+
+    def sample(self) -> Snapshot:
+        self.world.advance_to(self.clock.now())
+        return self.world.snapshot()
+
+
+class SimulatedEngine:
+    """EngineControl: observe and configure the simulated engine."""
+
+    def __init__(self, world: World, clock: Clock) -> None:
+        self.world = world
+        self.clock = clock
+
+    def observe(self) -> EngineObservation | None:
+        self.world.advance_to(self.clock.now())
+        engine = self.world.engine
+        if engine.config is None:
+            return None
+        return EngineObservation(
+            busy=engine.busy(),
+            tokens_per_s=engine.take_rate(),
+            model=engine.config.model,
+            rss_bytes=engine.resident_bytes() or None,
+        )
+
+    def apply(self, config: EngineConfig) -> None:
+        self.world.engine.apply(config, self.world.t)
