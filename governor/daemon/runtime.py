@@ -171,7 +171,8 @@ class Daemon:
         decision = self.loop.last
         if decision is None:
             return "starting"
-        line = f"{decision.state.value}: {decision.reason}"
+        state = decision.state.value
+        line = decision.reason if decision.reason.startswith(state) else f"{state}: {decision.reason}"
         if self.policy_error:
             line += f" [reload failed: {self.policy_error}]"
         return line[:400]

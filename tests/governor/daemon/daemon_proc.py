@@ -1,0 +1,156 @@
+"""`governor run` as a real subprocess on a fake device tree and the demo ladder (not collected: no test_ prefix)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from governor.daemon.client import ControlClient
+from governor.engine.client import EngineClient
+from tests.helpers import eventually
+from tests.sensors.tree import FakeTree
+
+INTERVAL_S = 0.5
+
+# A policy with short ticks and debounces so the tests run in seconds; the thresholds come from the fake zone's trips.
+TEST_POLICY = f"""
+name = "test"
+[timing]
+interval_s = {INTERVAL_S}
+mitigating_interval_s = 0.25
+min_dwell_s = 0.5
+recover_dwell_s = 1.0
+recover_step_s = 0.75
+[activity]
+window_s = 60.0
+[thermal]
+enter_debounce_s = 0.0
+exit_debounce_s = 0.5
+forecast_horizon_s = 0.0
+[battery]
+low_percent = 20.0
+enter_debounce_s = 0.25
+exit_debounce_s = 0.5
+[critical]
+enter_debounce_s = 0.0
+[states.idle]
+threads = 4
+n_ctx = 1024
+max_tokens_per_s = 60.0
+[states.sustained]
+threads = 4
+n_ctx = 1024
+max_tokens_per_s = 60.0
+[states.hot]
+threads = 2
+min_threads = 1
+n_ctx = 1024
+max_tokens_per_s = 60.0
+min_tokens_per_s = 20.0
+[states.low_battery]
+threads = 2
+n_ctx = 1024
+max_tokens_per_s = 30.0
+[states.critical]
+threads = 1
+n_ctx = 512
+model = "smallest"
+max_tokens_per_s = 10.0
+"""
+
+
+def device_tree(root: Path) -> FakeTree:
+    """A fanless box: one CPU zone with a passive trip at 80 °C, a battery at 15 % charging from mains."""
+    tree = FakeTree(root)
+    tree.thermal_zone(0, "cpu-thermal", 45000, trips=(("passive", 80000), ("critical", 105000)))
+    tree.battery(status="Charging", capacity=15)
+    tree.mains(online=1)
+    tree.cpus(2)
+    tree.meminfo(total_kb=16_000_000, available_kb=12_000_000)
+    tree.psi(0.0, 0.0)
+    return tree
+
+
+class DaemonProc:
+    def __init__(
+        self,
+        workdir: Path,
+        sockdir: Path,
+        ladder: Path,
+        *,
+        policy: str | None = None,
+        config: str = "",
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.tree = device_tree(workdir / "root")
+        self.policy = workdir / "policy.toml"
+        self.policy.write_text(policy if policy is not None else TEST_POLICY)
+        self.config = workdir / "governor.toml"
+        self.config.write_text(config or "[restart]\ninitial_s = 0.2\n")
+        self.control = sockdir / "c.sock"
+        self.engine_socket = sockdir / "e.sock"
+        self.log_path = workdir / "daemon.log"
+        argv = [
+            sys.executable, "-m", "governor", "--log-json", "run",
+            "--config", str(self.config),
+            "--policy", str(self.policy),
+            "--root", str(self.tree.root),
+            "--models", str(ladder),
+            "--control-socket", str(self.control),
+            "--engine-socket", str(self.engine_socket),
+            "--state-dir", str(workdir / "state"),
+            "--no-udev",
+        ]  # fmt: skip
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=os.environ | (env or {}))
+        self.client = ControlClient(self.control, timeout_s=30.0)
+        self.engine = EngineClient(self.engine_socket, timeout_s=10.0)
+
+    def status(self) -> dict[str, Any]:
+        self.check_alive()
+        status: dict[str, Any] = self.client.request("status")["status"]
+        return status
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"governor run exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+
+    def wait_ready(self, timeout_s: float = 90.0) -> dict[str, Any]:
+        def ready() -> dict[str, Any]:
+            self.check_alive()
+            assert self.control.exists(), "no control socket yet"
+            status = self.status()
+            assert status["supervisor"]["ready"], "engine not ready yet"
+            assert status["engine"], "engine not observed yet"
+            return status
+
+        return eventually(ready, timeout_s=timeout_s, interval_s=0.1)
+
+    def engine_threads(self) -> int:
+        return self.engine.status().threads
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def events(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log().splitlines():
+            if line.startswith("{"):
+                out.append(json.loads(line))
+        return out
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.engine.close()
+        return self.proc.returncode
