@@ -6,6 +6,7 @@ no battery at all is normal (a Pi, a desktop) and gives `None`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from sensors.root import Reader, Root
@@ -90,7 +91,7 @@ def _cell(reader: Reader, supply: Supply) -> _Cell:
         current_ua, voltage_uv = num("current_now"), num("voltage_now")
         if current_ua is not None and voltage_uv is not None:
             power_uw = current_ua * voltage_uv / 1e6
-    if power_uw is not None:
+    if power_uw is not None and math.isfinite(power_uw):
         cell.power_w = abs(power_uw) / 1e6  # the sign convention differs between drivers
     if "energy_now" in files:
         now, full = num("energy_now"), num("energy_full")

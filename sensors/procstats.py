@@ -88,6 +88,9 @@ class PsutilSampler:
     def warm_up(self) -> None:
         """Nothing runs in the background here."""
 
+    def invalidate(self) -> None:
+        """psutil rediscovers on every call."""
+
     def _temperatures(self, problems: list[Problem]) -> tuple[Temperature, ...]:
         read = getattr(self._api, "sensors_temperatures", None)  # absent on macOS and Windows builds
         if read is None:
