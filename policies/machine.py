@@ -344,11 +344,10 @@ class Governor:
         """Bytes the engine may use: available + what the engine holds now (a reload frees it) - the reserve."""
         mem, timing = self.policy.memory, self.policy.timing
         in_use = 0.0
-        if engine is not None:
-            if engine.rss_bytes is not None:
-                in_use = float(engine.rss_bytes)
-            elif self._last_fit is not None:
-                in_use = self._last_fit.bytes
+        if engine is not None and engine.rss_bytes is not None:
+            in_use = float(engine.rss_bytes)
+        elif engine is not None and engine.model is not None and self._last_fit is not None:
+            in_use = self._last_fit.bytes  # a model is loaded but its size is not reported: our own estimate
         budget = available + in_use - mem.reserve_mb * MIB
         # Input hysteresis: less memory counts at once, more only after it grew by a margin, once per step.
         if self._budget is None or budget < self._budget:

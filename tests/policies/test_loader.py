@@ -80,7 +80,7 @@ def test_wrong_type_in_a_state_table(tmp_path: Path) -> None:
 
 
 def test_missing_state_points_at_states(tmp_path: Path) -> None:
-    text = GOOD_STATES.split("[states.critical]")[0]
+    text = GOOD_STATES.split("[states.critical]", maxsplit=1)[0]
     err = error_of(write(tmp_path, text))
     assert err.field == "states"
     assert "missing a profile for critical" in err.reason
@@ -114,12 +114,12 @@ def test_toml_syntax_error_has_its_line(tmp_path: Path) -> None:
 
 
 def test_unknown_name_lists_the_shipped_profiles() -> None:
-    with pytest.raises(PolicyError, match="shipped: .*raspberry-pi"):
+    with pytest.raises(PolicyError, match=r"shipped: .*raspberry-pi"):
         load_policy("raspbery-pi")
 
 
 def test_locate_dotted_keys_and_inline_tables() -> None:
-    text = 'thermal.trip_c = 80\n[states]\nhot = { threads = 2, n_ctx = 512 }\n[states.idle]\n  threads = 4 # x\n'
+    text = "thermal.trip_c = 80\n[states]\nhot = { threads = 2, n_ctx = 512 }\n[states.idle]\n  threads = 4 # x\n"
     assert locate(text, ("thermal", "trip_c")) == 1
     assert locate(text, ("states", "hot", "threads")) == 3
     assert locate(text, ("states", "idle", "threads")) == 5
@@ -132,9 +132,7 @@ def test_cli_check_bad_file_exits_nonzero_with_one_line(tmp_path: Path, capsys: 
     assert main(["policy", "check", str(path)]) == 2
     out, err = capsys.readouterr()
     assert out == ""
-    assert err.strip().splitlines() == [
-        f"governor: error: {path}:2: timing.interval_s: Input should be greater than 0"
-    ]
+    assert err.strip().splitlines() == [f"governor: error: {path}:2: timing.interval_s: Input should be greater than 0"]
 
 
 def test_cli_check_good_file(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from policies import Governor
 from policies.decision import Hold, State
 from policies.schema import Policy
@@ -42,10 +44,14 @@ def test_forecast_enters_hot_before_the_reading(policy: Policy) -> None:
     decisions = run(gov, ramp)
     hot = next(d for d in decisions if d.state == State.HOT)
     assert hot.rule == "thermal.forecast_enter"
-    assert hot.readings["temp_c"] is not None and float(hot.readings["temp_c"]) < 75.0  # type: ignore[arg-type]
-    assert "forecast" in hot.reason and "in 10 s ≥ 75 °C" in hot.reason
-    assert "threads 4→3" in hot.reason and "rate cap" in hot.reason
-    assert hot.engine.kv_type == "q8_0" and hot.engine.n_ctx == 2048
+    assert hot.readings["temp_c"] is not None
+    assert float(hot.readings["temp_c"]) < 75.0
+    assert "forecast" in hot.reason
+    assert "in 10 s ≥ 75 °C" in hot.reason
+    assert "threads 4→3" in hot.reason
+    assert "rate cap" in hot.reason
+    assert hot.engine.kv_type == "q8_0"
+    assert hot.engine.n_ctx == 2048
     assert hot.changed
 
 
@@ -96,9 +102,9 @@ def test_threads_come_back_one_step_per_recover_step(policy: Policy) -> None:
     assert before[-1].engine.threads == 1
     decisions = [before[-1], *run(gov, [snap(60.0)] * 40, t0=t + 30)]
     assert any(d.rule == "thermal.exit" for d in decisions)
-    steps = [d for prev, d in zip(decisions, decisions[1:], strict=False) if d.engine.threads != prev.engine.threads]
+    steps = [d for prev, d in itertools.pairwise(decisions) if d.engine.threads != prev.engine.threads]
     assert [d.engine.threads for d in steps] == [2, 3, 4]  # one at a time, never down again
-    gaps = [b.t - a.t for a, b in zip(steps, steps[1:], strict=False)]
+    gaps = [b.t - a.t for a, b in itertools.pairwise(steps)]
     assert all(gap >= policy.timing.recover_step_s for gap in gaps)
     assert steps[-1].rule == "recover.step"
     assert steps[-2].engine.max_tokens_per_s is not None  # the cap lifts only once threads are back
@@ -119,9 +125,7 @@ def test_critical_is_immediate_even_inside_the_dwell(policy: Policy) -> None:
 
 def test_thresholds_default_to_the_lowest_passive_trip_of_trusted_zones() -> None:
     gov = Governor(make_policy(thermal={"trip_c": None, "critical_c": None}))
-    nvme = Temperature(
-        source="hwmon1/temp1", kind="hwmon", label="nvme", temp_c=50.0, trips=()
-    )
+    nvme = Temperature(source="hwmon1/temp1", kind="hwmon", label="nvme", temp_c=50.0, trips=())
     s = snap(70.0, trips=[("passive", 85.0), ("passive", 95.0), ("critical", 105.0)], extra=[nvme])
     d = gov.decide(s, BUSY, 0.0)
     assert d.readings["trip_c"] == 85.0
@@ -142,7 +146,8 @@ def test_untrusted_and_implausible_zones_are_ignored(policy: Policy) -> None:
     decisions = run(gov, [snap(140.0, extra=[nvme])] * 5)
     assert states(decisions)[-1] in {"idle", "sustained"}
     assert decisions[-1].readings["temp_c"] is None
-    assert "temperature" in decisions[-1].reason and "unknown" in decisions[-1].reason
+    assert "temperature" in decisions[-1].reason
+    assert "unknown" in decisions[-1].reason
 
 
 def test_battery_temperature_counts_when_the_policy_trusts_it() -> None:
@@ -223,7 +228,8 @@ def test_a_pin_overrides_low_battery(policy: Policy) -> None:
     gov = Governor(policy)
     pin = (Hold(owner="chat", state=State.IDLE),)
     d = run(gov, [snap(percent=15, plugged=False)] * 5, holds=pin, engine=IDLE)[-1]
-    assert d.state == State.IDLE and d.engine.threads == 4
+    assert d.state == State.IDLE
+    assert d.engine.threads == 4
 
 
 def test_caps_always_apply_and_expired_holds_do_not(policy: Policy) -> None:
@@ -260,9 +266,11 @@ def test_interval_is_short_while_mitigating_or_deciding(policy: Policy) -> None:
     calm = gov.decide(snap(50.0), IDLE, 0.0)
     assert gov.interval_s(calm) == 1.0
     pending = gov.decide(snap(80.0), IDLE, 1.0)  # hot is debouncing
-    assert pending.state == State.IDLE and gov.interval_s(pending) == 0.25
+    assert pending.state == State.IDLE
+    assert gov.interval_s(pending) == 0.25
     hot = gov.decide(snap(80.0), IDLE, 2.0)
-    assert hot.state == State.HOT and gov.interval_s(hot) == 0.25
+    assert hot.state == State.HOT
+    assert gov.interval_s(hot) == 0.25
 
 
 def test_changed_marks_only_engine_config_changes(policy: Policy) -> None:
