@@ -33,6 +33,16 @@ def test_forecast_extrapolates_a_ramp() -> None:
     assert fc.predict(64.5, slope) == pytest.approx(69.5)
 
 
+def test_forecast_is_exact_at_large_monotonic_times_and_after_many_ticks() -> None:
+    fc = Forecast(window_s=20, horizon_s=10, min_points=4, max_rise_c=15)
+    start = 1_234_567.0  # a monotonic clock after two weeks of uptime
+    for i in range(2000):  # several re-bases of the running sums
+        t = start + 0.25 * i
+        fc.add(t, 60.0 + 0.01 * (t - start) + (0.3 if i % 2 else -0.3))
+    assert fc.slope() == pytest.approx(0.01, abs=2e-3)
+    assert len(fc.points) == 81
+
+
 def test_forecast_needs_points_and_never_forecasts_cooling_or_a_glitch() -> None:
     fc = Forecast(window_s=20, horizon_s=10, min_points=4, max_rise_c=5)
     for t in range(3):
