@@ -36,7 +36,7 @@ class NotifySocket:
                 return self.messages
             self.messages.append(dict(line.split("=", 1) for line in data.decode().splitlines()))
 
-    def keys(self) -> list[str]:
+    def fields(self) -> list[str]:
         return [key for message in self.drain() for key in message]
 
     def close(self) -> None:

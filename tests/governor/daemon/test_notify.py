@@ -38,7 +38,7 @@ def test_watchdog_pings_at_half_the_interval(notify_socket: NotifySocket) -> Non
     assert notifier.watchdog_interval_s == 5.0
     for t in (0.0, 1.0, 4.9, 5.0, 6.0, 10.5):
         notifier.watchdog(t)
-    assert notify_socket.keys() == ["WATCHDOG", "WATCHDOG", "WATCHDOG"]
+    assert notify_socket.fields() == ["WATCHDOG", "WATCHDOG", "WATCHDOG"]
 
 
 def test_watchdog_for_another_pid_is_not_ours(notify_socket: NotifySocket) -> None:

@@ -1,0 +1,165 @@
+"""The daemon process's contracts: supervision, reload, sd_notify, holds, CLI clients (real subprocesses)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from governor.errors import GovernorError
+from sensors.snapshot import TraceRecord
+from tests.governor.daemon.conftest import NotifySocket
+from tests.governor.daemon.daemon_proc import DaemonProc
+from tests.helpers import eventually
+
+pytestmark = pytest.mark.slow
+
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, sock_dir: Path, demo_ladder: Path) -> Iterator[DaemonProc]:
+    d = DaemonProc(tmp_path, sock_dir, demo_ladder)
+    try:
+        d.wait_ready()
+        yield d
+    finally:
+        d.stop()
+
+
+def cli(d: DaemonProc, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "governor", args[0], "--control-socket", str(d.control), *args[1:]]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_kill_9_mid_stream_restarts_the_engine_and_serves_the_next_request(daemon: DaemonProc) -> None:
+    first = daemon.status()["supervisor"]
+    chunks = daemon.engine.stream_chat(HELLO, model="large", max_tokens=200, ignore_eos=True)
+    next(chunks)
+    os.kill(first["pid"], signal.SIGKILL)
+    with pytest.raises(GovernorError):
+        for _chunk in chunks:
+            pass
+    status = eventually(lambda: (s := daemon.status())["supervisor"]["starts"] == 2 and s["engine"] and s, timeout_s=60)
+    assert status["supervisor"]["pid"] != first["pid"]
+    assert status["supervisor"]["last_exit"].startswith("engine killed by SIGKILL after")
+    answer = daemon.engine.chat(HELLO, model="large", max_tokens=8)
+    assert answer["usage"]["completion_tokens"] > 0
+
+    # Killed again, now while memory pressure is high: restarted one tier smaller, and the status says why.
+    daemon.tree.psi(some=60.0, full=25.0)
+    eventually(lambda: (daemon.status()["readings"]["memory"]["psi_some_avg10"] or 0) >= 60)
+    os.kill(status["supervisor"]["pid"], signal.SIGKILL)
+    status = eventually(lambda: (s := daemon.status())["supervisor"]["starts"] == 3 and s["engine"] and s, timeout_s=60)
+    assert status["supervisor"]["cap"]["model"] == "medium"
+    assert "memory pressure was high" in status["supervisor"]["last_exit"]
+    assert daemon.engine.status().model in ("medium", "small")
+    assert "capped at" in status["reason"] or status["config"]["model"] != "large"
+
+
+def test_sighup_with_a_bad_policy_keeps_the_last_good_one(daemon: DaemonProc) -> None:
+    good = daemon.policy.read_text()
+    daemon.policy.write_text(good.replace("[states.idle]", "[states.idle]\nthreadz = 3"))
+    daemon.proc.send_signal(signal.SIGHUP)
+    status = eventually(lambda: (s := daemon.status())["policy"]["error"] and s)
+    assert str(daemon.policy) in status["policy"]["error"]
+    assert "threadz" in status["policy"]["error"]
+    ticks = status["ticks"]
+    eventually(lambda: daemon.status()["ticks"] > ticks + 2)  # still governing, on the last good policy
+    assert daemon.engine_threads() == 4
+    shown = cli(daemon, "status")
+    assert "reload failed" in shown.stdout
+
+    reload = cli(daemon, "reload")
+    assert reload.returncode == 2
+    assert "reload failed, kept the last good policy" in reload.stderr
+    assert "threadz" in reload.stderr
+
+    daemon.policy.write_text(good)
+    reload = cli(daemon, "reload")
+    assert reload.returncode == 0, reload.stderr
+    assert daemon.status()["policy"]["error"] is None
+
+
+def test_sd_notify_ready_status_watchdog_stopping(
+    tmp_path: Path, sock_dir: Path, demo_ladder: Path, notify_socket: NotifySocket
+) -> None:
+    env = {"NOTIFY_SOCKET": str(notify_socket.path), "WATCHDOG_USEC": "1000000"}
+    d = DaemonProc(tmp_path, sock_dir, demo_ladder, env=env)
+    try:
+        d.wait_ready()
+        eventually(lambda: notify_socket.fields().count("WATCHDOG") >= 2, timeout_s=10)
+        messages = notify_socket.drain()
+        ready = next(m for m in messages if "READY" in m)
+        assert ready["MAINPID"] == str(d.proc.pid)
+        assert ready["STATUS"].startswith("idle")
+        d.proc.send_signal(signal.SIGHUP)
+        eventually(lambda: "RELOADING" in notify_socket.fields())
+        eventually(lambda: notify_socket.fields().count("READY") == 2)
+    finally:
+        assert d.stop() == 0
+    messages = notify_socket.drain()
+    stopping = [i for i, m in enumerate(messages) if "STOPPING" in m]
+    assert len(stopping) == 1
+    assert messages[stopping[0]]["STATUS"].startswith("stopping")
+    assert all("READY" not in m and "WATCHDOG" not in m for m in messages[stopping[0] :])  # the loop has ended
+    assert min(i for i, m in enumerate(messages) if "READY" in m) < stopping[0]
+    assert not d.control.exists()  # restored: its socket is gone
+
+
+def test_a_hold_lasts_until_its_client_dies(daemon: DaemonProc) -> None:
+    assert stat.S_IMODE(os.stat(daemon.control).st_mode) == 0o600
+    argv = [sys.executable, "-m", "governor", "hold", "--max-threads", "1", "--control-socket", str(daemon.control)]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as holder:
+        try:
+            assert holder.stdout is not None
+            assert "in force until Ctrl-C" in holder.stdout.readline()
+            eventually(lambda: daemon.engine_threads() == 1)
+            (hold,) = daemon.status()["holds"]
+            assert hold["max_threads"] == 1
+            assert hold["owner"] == f"pid {holder.pid} uid {os.getuid()}"
+        finally:
+            holder.kill()  # no goodbye: the connection closing is what releases it
+    eventually(lambda: daemon.status()["holds"] == [])
+    eventually(lambda: daemon.engine_threads() == 4, timeout_s=30)
+
+    shown = cli(daemon, "hold", "idle", "--ttl", "0.5")
+    assert shown.returncode == 0
+    assert "released (ttl)" in shown.stdout
+
+
+def test_clients_status_why_record_metrics(daemon: DaemonProc, tmp_path: Path) -> None:
+    table = cli(daemon, "status")
+    assert table.returncode == 0, table.stderr
+    assert "idle" in table.stdout
+    assert "cpu-thermal" in table.stdout
+    assert "45.0 °C" in table.stdout
+    why = cli(daemon, "why", "-n", "3")
+    assert "idle: engine busy" in why.stdout
+    trace = tmp_path / "trace.jsonl"
+    rec = cli(daemon, "record", str(trace), "--seconds", "1.5")
+    assert rec.returncode == 0, rec.stderr
+    records = [TraceRecord.model_validate_json(line) for line in trace.read_text().splitlines()]
+    assert len(records) >= 2
+    assert records[0].temperatures[0].temp_c == 45.0
+    assert records[0].battery is not None
+    assert records[0].battery.percent == 15.0
+    assert records[-1].engine is not None
+    metrics = cli(daemon, "metrics").stdout
+    assert 'governor_state{state="idle"} 1.0' in metrics
+    assert 'governor_temperature_celsius{label="cpu-thermal",source="thermal_zone0"} 45.0' in metrics
+    assert "governor_engine_threads 4.0" in metrics
+
+
+def test_unreachable_daemon_is_one_line(sock_dir: Path) -> None:
+    argv = [sys.executable, "-m", "governor", "status", "--control-socket", str(sock_dir / "none.sock")]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith(f"governor: error: cannot reach the governor at {sock_dir / 'none.sock'}")
+    assert len(result.stderr.strip().splitlines()) == 1
