@@ -63,12 +63,13 @@ def describe(exc: OSError) -> str:
 class Reader:
     """Reads for one sample (or one discovery) and collects what went wrong."""
 
-    __slots__ = ("problems", "root", "vanished")
+    __slots__ = ("denied", "problems", "root", "vanished")
 
     def __init__(self, root: Root) -> None:
         self.root = root
         self.problems: list[Problem] = []
         self.vanished = False  # a file listed at discovery is gone: rediscover before the next sample
+        self.denied: list[str] = []  # files discovery left out because reading them is not permitted
 
     def problem(self, path: str, reason: str) -> None:
         self.problems.append(Problem(path=self.root.display(path), reason=reason))
@@ -88,6 +89,19 @@ class Reader:
             self.problem(path, "empty")
             return None
         return text
+
+    def is_denied(self, path: str) -> bool:
+        """Discovery's trial read. Many phones' SELinux policy denies dozens of thermal zones: reporting each of them
+        in every sample would bury the real problems, so they are reported once per discovery and left out."""
+        try:
+            self.root.read(path)
+        except PermissionError as exc:
+            self.problem(path, f"{describe(exc)}; left out until the next discovery")
+            self.denied.append(path)
+            return True
+        except OSError:
+            return False  # other faults may be transient: the samples report them
+        return False
 
     def optional_text(self, path: str) -> str | None:
         """For files that many devices lack (a label, a trip): absent is normal, other faults are problems."""

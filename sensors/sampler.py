@@ -18,7 +18,7 @@ from sensors.cpu import CPU_DIR, MEMINFO, PSI_MEMORY, CpuInventory, discover_cpu
 from sensors.power import Supply, discover_supplies, read_battery
 from sensors.procstats import CpuUtilisation, PsutilSampler
 from sensors.root import Reader, Root
-from sensors.snapshot import Battery, Snapshot, Temperature
+from sensors.snapshot import Battery, Problem, Snapshot, Temperature
 from sensors.termux import DEFAULT_COMMAND, TermuxBattery, termux_detected
 from sensors.thermal import HWMON_DIR, THERMAL_DIR, Input, discover_hwmon, discover_zones, read_zone
 
@@ -42,6 +42,7 @@ class Inventory:
     cpus: CpuInventory
     meminfo: bool
     psi: bool
+    denied: int
     at: float
 
 
@@ -104,6 +105,7 @@ class SensorSampler:
         self._monotonic = monotonic
         self._stuck = StuckDetector(stuck_samples)
         self._inventory: Inventory | None = None
+        self._pending: list[Problem] = []  # found by a discovery outside sample(): reported by the next sample
 
     def invalidate(self) -> None:
         """Rediscover before the next sample (a udev event said devices came or went)."""
@@ -118,17 +120,21 @@ class SensorSampler:
             cpus=discover_cpus(self.root, reader),
             meminfo=self.root.exists(self.root.path(MEMINFO)),
             psi=self.root.exists(self.root.path(PSI_MEMORY)),
+            denied=len(reader.denied),
             at=now,
         )
 
     def inventory(self) -> Inventory:
         if self._inventory is None:
-            self._inventory = self._discover(Reader(self.root), self._monotonic())
+            reader = Reader(self.root)
+            self._inventory = self._discover(reader, self._monotonic())
+            self._pending = reader.problems
         return self._inventory
 
     def sample(self) -> Snapshot:
         now = self._monotonic()
         reader = Reader(self.root)
+        reader.problems, self._pending = self._pending, []
         inv = self._inventory
         if inv is None or now - inv.at >= self.rediscover_s:
             inv = self._inventory = self._discover(reader, now)
@@ -179,6 +185,8 @@ class SensorSampler:
             notes.append(f"no hwmon temperatures under {shown(HWMON_DIR)}")
         else:
             notes.append(f"no hwmon ({shown(HWMON_DIR)} is absent)")
+        if inv.denied:
+            notes.append(f"{inv.denied} temperature files not permitted to read (SELinux?): left out")
         batteries = [s.name for s in inv.supplies if s.battery]
         others = [s.name for s in inv.supplies if not s.battery]
         if batteries:

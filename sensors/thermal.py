@@ -86,7 +86,7 @@ def discover_zones(root: Root, reader: Reader) -> list[Input]:
         # A zone switched off by its driver answers its temp with EINVAL/ENODATA on every read: not worth a problem.
         if reader.optional_text(f"{zone}/mode") == "disabled":
             continue
-        if not root.exists(f"{zone}/temp"):
+        if not root.exists(f"{zone}/temp") or reader.is_denied(f"{zone}/temp"):
             continue
         label = reader.optional_text(f"{zone}/type") or name
         trips: list[Trip] = []
@@ -112,6 +112,8 @@ def discover_hwmon(root: Root, reader: Reader) -> list[Input]:
         name = reader.optional_text(f"{chip_dir}/name") or reader.optional_text(f"{base}/{chip}/name") or chip
         for number in sorted(int(m.group(1)) for m in map(_HWMON_TEMP_RE.match, entries) if m):
             prefix = f"{chip_dir}/temp{number}"
+            if reader.is_denied(f"{prefix}_input"):
+                continue
             label = reader.optional_text(f"{prefix}_label")
             trips = (
                 _trip(reader, f"{prefix}_max", "max", vendor_units=False),

@@ -46,7 +46,7 @@ def test_json_is_one_snapshot_per_line(tree: FakeTree, capsys: pytest.CaptureFix
 
 def test_an_empty_machine_says_plainly_what_it_did_not_find(tree: FakeTree, capsys: pytest.CaptureFixture[str]) -> None:
     tree.write("sys/class/thermal/cooling_device0/type", "Processor")
-    tree.write("sys/class/power_supply/.keep", "", newline=False)
+    tree.path("sys/class/power_supply").mkdir(parents=True)
     tree.meminfo()
     assert main(["sensors", "--root", str(tree.root)]) == 0
     out = capsys.readouterr().out

@@ -188,3 +188,19 @@ def test_any_file_content_gives_a_snapshot_never_an_exception(contents: list[byt
         snapshot = SensorSampler(tree.root, cpu_util=lambda: 99.0).sample()
         assert isinstance(snapshot, Snapshot)
         Snapshot.model_validate_json(snapshot.model_dump_json())  # still a valid trace line
+
+
+def test_selinux_denied_zones_are_reported_once_per_discovery_then_left_out(tree: FakeTree) -> None:
+    for n in range(3):
+        tree.thermal_zone(n, f"tsens_tz_sensor{n}", 40000 + n * 1000)
+    root = FaultyRoot(tree.root, {f"sys/class/thermal/thermal_zone{n}/temp": errno.EACCES for n in (0, 2)})
+    sampler = SensorSampler(root, cpu_util=None)
+    assert "2 temperature files not permitted to read (SELinux?): left out" in sampler.notes()
+    first, second = sampler.sample(), sampler.sample()
+    assert [t.source for t in first.temperatures] == ["thermal_zone1"]
+    assert problems(first) == [
+        (f"/sys/class/thermal/thermal_zone{n}/temp", "EACCES: Permission denied; left out until the next discovery")
+        for n in (0, 2)
+    ]
+    assert [t.source for t in second.temperatures] == ["thermal_zone1"]
+    assert second.problems == ()
