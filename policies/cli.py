@@ -8,10 +8,8 @@ import sys
 from pathlib import Path
 
 from governor.errors import GovernorError
-from policies.ladder import load_ladder
+from policies.assemble import build_governor
 from policies.loader import load_policy, resolve, shipped_profiles
-from policies.machine import Governor
-from policies.memfit import ModelFootprint
 from policies.replay import decision_text, dumps, read_trace, replay
 
 
@@ -50,16 +48,6 @@ def _show(args: argparse.Namespace) -> int:
     else:
         print(path.read_text(), end="")
     return 0
-
-
-def build_governor(policy_name: str | Path, models: Path | None) -> Governor:
-    """The one place a Governor is assembled from files (the daemon and the lab can call it too)."""
-    policy = load_policy(policy_name)
-    if models is None:
-        return Governor(policy)
-    ladder = load_ladder(models)
-    footprints = {tier.name: ModelFootprint.from_gguf(tier.path) for tier in ladder.tiers}
-    return Governor(policy, ladder=ladder, footprints=footprints)
 
 
 def _replay(args: argparse.Namespace) -> int:

@@ -134,3 +134,22 @@ def test_not_json_and_time_going_backwards(tmp_path: Path, capsys: pytest.Captur
 def test_missing_trace_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", str(tmp_path / "nope.jsonl")]) == 2
     assert "cannot read trace" in capsys.readouterr().err
+
+
+def test_replay_with_a_model_ladder_fits_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.policies.test_memfit import write_gguf
+
+    write_gguf(tmp_path / "big.gguf", layers=8, embd=512, heads=8, kv_heads=8, padding_bytes=60 * 1024 * 1024)
+    write_gguf(tmp_path / "small.gguf", layers=4, embd=256, heads=8, kv_heads=4, padding_bytes=1024 * 1024)
+    ladder = tmp_path / "ladder.toml"
+    ladder.write_text(
+        '[[tier]]\nname = "big"\npath = "big.gguf"\nn_ctx = 4096\n\n[[tier]]\nname = "small"\npath = "small.gguf"\n'
+    )
+    snaps = [snap(50.0, available_mb=2000.0)] * 3 + [snap(50.0, available_mb=150.0 + 300.0)] * 3
+    trace = trace_of(tmp_path / "mem.jsonl", snaps, IDLE)
+    assert main(["replay", str(trace), "--policy", "default", "--models", str(ladder), "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines[0]["engine"]["model"] == "big"
+    assert lines[0]["engine"]["n_ctx"] == 4096
+    assert lines[-1]["engine"]["n_ctx"] < 4096 or lines[-1]["engine"]["model"] == "small"
+    assert "bound by memory" in lines[-1]["reason"]
