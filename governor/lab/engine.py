@@ -42,6 +42,7 @@ class EngineSim:
         self._big = self._little = 0  # threads on big and on little cores
         self._speed = 0.0  # big-core equivalents at f_max
         self._kv_per_tok = self._weights = 0.0
+        self._footprint = 0  # bytes the process takes once loaded with the current config
         self._cached: set[str] = set()  # models read once stay in the page cache (mmap) unless memory runs out
         self.config: EngineConfig | None = None
         self.tier: ModelSpec | None = None
@@ -72,6 +73,7 @@ class EngineSim:
         self._speed = threads * (cpu.little_speed if self._little else 1.0)
         self._kv_per_tok = tier.kv_bytes_per_token(config.kv_type)
         self._weights = tier.weights_mb * MB
+        self._footprint = self.spec.footprint_bytes(tier, config.n_ctx, config.kv_type)
         if old is None or (old.model, old.n_ctx, old.kv_type) != (config.model, config.n_ctx, config.kv_type):
             self._reload(t, delay_s=0.0)
 
@@ -94,9 +96,7 @@ class EngineSim:
         self.ctx = 0.0
 
     def footprint_bytes(self) -> int:
-        if self.config is None or self.tier is None:
-            return 0
-        return self.spec.footprint_bytes(self.tier, self.config.n_ctx, self.config.kv_type)
+        return self._footprint
 
     def resident_bytes(self) -> int:
         return self.footprint_bytes() if self.loaded else 0

@@ -52,6 +52,7 @@ class Run:
     summary: Summary
     series: Series
     states: list[tuple[float, str]] = field(default_factory=list)  # (t, state) at every state change
+    ticks: int = 0  # loop ticks (policy decisions) in the run
 
 
 def weighted_percentile(samples: Sequence[tuple[float, float]], q: float) -> float | None:
@@ -80,8 +81,11 @@ def simulate(
     world = World(device, workload, seed)
     stop = threading.Event()
     states: list[tuple[float, str]] = []
+    ticks = 0
 
     def listen(t: float, snapshot: Snapshot, observed: EngineObservation | None, decision: Decision) -> None:
+        nonlocal ticks
+        ticks += 1
         if trace is not None:
             record = TraceRecord(**dict(snapshot), t=t, engine=observed)
             trace.write(record.model_dump_json(exclude_defaults=True) + "\n")
@@ -95,7 +99,7 @@ def simulate(
     loop = GovernorLoop(sensors, decider, engine, clock, listeners=[listen])
     loop.run(stop)
     summary = summarize(world, policy_name, workload.name, len(states) - 1)
-    return Run(summary=summary, series=world.series, states=states)
+    return Run(summary=summary, series=world.series, states=states, ticks=ticks)
 
 
 def summarize(world: World, policy: str, workload: str, state_changes: int) -> Summary:

@@ -1,0 +1,83 @@
+"""Experiments: the daemon's loop and the real policies on the shipped devices, against the ungoverned baseline."""
+
+from __future__ import annotations
+
+import io
+from functools import cache
+
+import pytest
+import structlog
+
+from governor.lab.deciders import NONE, Ungoverned, decider_for, load_policy
+from governor.lab.device import load_device
+from governor.lab.experiment import Run, simulate
+from governor.lab.workload import load_workload
+from sensors.snapshot import TraceRecord
+
+LONG_CHAT = load_workload("long-chat")
+SHIPPED = [("raspberry-pi-5", "raspberry-pi"), ("phone", "android-termux"), ("fanless-laptop", "fanless-laptop")]
+
+
+@cache
+def run(device_name: str, policy_name: str) -> Run:
+    device = load_device(device_name)
+    return simulate(device, decider_for(load_policy(policy_name), device), LONG_CHAT, policy_name=policy_name)
+
+
+def test_ungoverned_pi_throttles_during_a_long_chat() -> None:
+    s = run("raspberry-pi-5", NONE).summary
+    assert s.peak_c >= 80.0
+    assert s.throttled_pct > 5.0
+    assert min(run("raspberry-pi-5", NONE).series.freq_ratio) < 1.0
+    assert s.tokens > 1000
+    assert s.oom_kills == 0
+
+
+def test_the_run_goes_through_the_daemons_loop(captured_logs: list[structlog.typing.EventDict]) -> None:
+    device = load_device("phone")
+    simulate(device, decider_for(load_policy("android-termux"), device), LONG_CHAT, policy_name="p", minutes=10)
+    decisions = [e for e in captured_logs if e["event"] == "decision"]
+    assert decisions  # GovernorLoop logs every state change
+    assert {e["state"] for e in decisions} >= {"idle", "sustained"}
+
+
+def test_the_same_seed_gives_the_same_run_and_another_seed_another() -> None:
+    device = load_device("raspberry-pi-5")
+    a = simulate(device, Ungoverned(device), LONG_CHAT, policy_name=NONE, minutes=5).summary
+    b = simulate(device, Ungoverned(device), LONG_CHAT, policy_name=NONE, minutes=5).summary
+    c = simulate(device, Ungoverned(device), LONG_CHAT, policy_name=NONE, minutes=5, seed=7).summary
+    assert a == b
+    assert c.tokens != a.tokens
+
+
+def test_the_trace_is_the_replay_format() -> None:
+    device = load_device("phone")
+    out = io.StringIO()
+    simulate(device, Ungoverned(device), LONG_CHAT, policy_name=NONE, minutes=2, trace=out)
+    records = [TraceRecord.model_validate_json(line) for line in out.getvalue().splitlines()]
+    assert len(records) >= 100  # one a second
+    assert records[-1].t >= 119.0
+    assert any(r.engine is not None and r.engine.busy for r in records)
+    assert records[0].battery is not None
+
+
+@pytest.mark.parametrize(("device_name", "policy_name"), SHIPPED)
+def test_shipped_policy_keeps_below_the_trip(device_name: str, policy_name: str) -> None:
+    s = run(device_name, policy_name).summary
+    assert s.peak_c < s.trip_c
+    assert s.oom_kills == 0
+
+
+# Known, reported to the lead (numbers in docs/lab.md): on the Pi and the laptop, decode is memory-bound, so the
+# kernel's own frequency stepping costs the ungoverned run little speed, while the policies' hot profiles change the
+# KV type or context (a reload plus re-evaluating the conversation) and hold a margin below the trip.
+MEMORY_BOUND = pytest.mark.xfail(reason="memory-bound decode: kernel DVFS alone loses little; see docs/lab.md")
+
+
+@pytest.mark.parametrize(
+    ("device_name", "policy_name"),
+    [pytest.param(*pair, marks=MEMORY_BOUND) if pair[0] != "phone" else pair for pair in SHIPPED],
+)
+def test_shipped_policy_generates_more_tokens_than_none(device_name: str, policy_name: str) -> None:
+    governed, ungoverned = run(device_name, policy_name).summary, run(device_name, NONE).summary
+    assert governed.tokens > ungoverned.tokens, (governed, ungoverned)
