@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from pydantic import ValidationError
 from scipy.optimize import least_squares
 
+import policies
 from governor.errors import GovernorError
 from governor.lab.device import DeviceSpec, ThermalSpec
 from governor.lab.thermal import discretise
@@ -47,20 +47,12 @@ class Fit:
 
 
 def read_trace(path: Path) -> list[TraceRecord]:
-    records = []
+    """The replay format, parsed by the policy core's own reader (a bad line is one error naming its number)."""
     try:
-        lines = path.read_text().splitlines()
+        with path.open() as stream:
+            records = list(policies.read_trace(stream, path))
     except OSError as exc:
         raise CalibrationError(f"{path}: cannot read: {exc.strerror}") from exc
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(TraceRecord.model_validate_json(line))
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            where = ".".join(str(p) for p in err["loc"])
-            raise CalibrationError(f"{path}:{number}: {where}: {err['msg']}") from exc
     if len(records) < 10:
         raise CalibrationError(f"{path}: {len(records)} samples; calibration needs at least 10")
     return records

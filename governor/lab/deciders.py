@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import policies
 from governor.lab.device import DeviceSpec
 from governor.loop import Decider
+from policies import Governor, ModelFootprint, Policy
 from policies.decision import Decision, EngineConfig, Hold, State
 from policies.ladder import ModelLadder, ModelTier
-from policies.machine import Governor
-from policies.memfit import ModelFootprint
-from policies.schema import Policy
 from sensors.snapshot import EngineObservation, Snapshot
 
 NONE = "none"
@@ -62,9 +61,7 @@ def load_policy(name_or_file: str) -> Policy | None:
     """A policy by shipped name or file; None for the ungoverned baseline `none`."""
     if name_or_file == NONE:
         return None
-    from policies.loader import load_policy as load
-
-    return load(name_or_file)
+    return policies.load_policy(name_or_file)
 
 
 def decider_for(policy: Policy | None, device: DeviceSpec) -> Decider:

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from governor.lab.files import load_model, resolve
 from policies.decision import KvType
-from policies.memfit import ModelFootprint
+from policies.memfit import ModelFootprint  # the policy's own memory arithmetic
 
 MB = 1 << 20
 

@@ -25,7 +25,7 @@ from governor.lab.deciders import decider_for
 from governor.lab.device import DeviceSpec
 from governor.lab.experiment import Summary, simulate
 from governor.lab.workload import WorkloadSpec
-from policies.schema import Policy
+from policies import Policy
 
 
 class SweepError(GovernorError):
