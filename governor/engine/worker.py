@@ -87,7 +87,7 @@ class Worker:
         self._lock = threading.Lock()
         self._wake = threading.Event()  # cuts a rate-cap wait short
         self._stopping = False
-        self._emits: deque[float] = deque(maxlen=32)
+        self._emits: deque[float] = deque(maxlen=64)
         self.decode_tokens_per_s: float | None = None
         self.generation_s: float | None = None  # recent generation length, for Retry-After
         self._thread = threading.Thread(target=self._loop, name="engine-worker", daemon=True)
@@ -119,12 +119,13 @@ class Worker:
         self._jobs.put(None)
         self._thread.join(timeout_s)
 
-    def tokens_per_s(self) -> float:
-        """Tokens delivered per second over the last up to 32 tokens; 0 when none came in the last 2 s."""
-        e = list(self._emits)
-        if len(e) < 2 or time.monotonic() - e[-1] > 2.0:
+    def tokens_per_s(self, window_s: float = 2.0) -> float:
+        """Tokens delivered per second over the last `window_s` (at most 64 tokens); 0 when fewer than 2 came."""
+        now = time.monotonic()
+        recent = [t for t in list(self._emits) if now - t <= window_s]
+        if len(recent) < 2:
             return 0.0
-        return (len(e) - 1) / max(e[-1] - e[0], 1e-9)
+        return (len(recent) - 1) / max(recent[-1] - recent[0], 1e-9)
 
     # --- the worker thread ---
 

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 def engine(demo_ladder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     directory = tmp_path_factory.mktemp("server")
     ladder = ladder_with_noflash(demo_ladder, directory)
-    eng = Engine(directory, "--models", str(ladder), "--tier", "small", "--threads", "2", "--queue", "2")
+    eng = Engine(directory, "--models", str(ladder), "--tier", "small", "--threads", "1", "--queue", "2")
     yield eng
     assert eng.stop() == 0, eng.log()
 
@@ -208,7 +208,7 @@ def test_status_fields(engine: Engine) -> None:
     s = engine.status()
     assert s["model"] == "small"
     assert Path(s["model_path"]).name == "demo-small.gguf"
-    assert (s["n_ctx"], s["kv_type"], s["threads"]) == (2048, "q8_0", 2)
+    assert (s["n_ctx"], s["kv_type"], s["threads"]) == (2048, "q8_0", 1)
     assert s["rss_bytes"] > 10 * 1024 * 1024
     assert s["pid"] == engine.proc.pid
     assert s["busy"] is False
