@@ -168,3 +168,20 @@ def test_battery_noise_around_the_low_threshold_does_not_flap(samples: list[tupl
     assert count_changes(out) <= 1
     if True in low:
         assert all(low[low.index(True) :])
+
+
+@settings(max_examples=150, deadline=None)
+@given(noise, st.floats(0.0, 0.95))
+def test_noise_around_the_hot_exit_does_not_flap(samples: list[tuple[float, float]], scale: float) -> None:
+    amplitude = scale * POLICY.thermal.hysteresis_c / 2
+    exit_c = 80.0 - POLICY.thermal.hot_margin_c - POLICY.thermal.hysteresis_c
+    gov, t = Governor(POLICY), 0.0
+    for _ in range(5):
+        gov.decide(snap(80.0), BUSY, t)
+        t += 1.0
+    assert gov.state == State.HOT
+    out = []
+    for dt, u in samples:
+        t += dt
+        out.append(gov.decide(snap(exit_c + u * amplitude), BUSY, t))
+    assert count_changes(out) <= 1  # leaves hot at most once, never comes back
