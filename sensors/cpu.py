@@ -43,7 +43,7 @@ def discover_cpus(root: Root, reader: Reader) -> CpuInventory:
     cores: list[Core] = []
     for number in sorted(int(m.group(1)) for m in map(_CPU_RE.match, reader.listdir(base)) if m):
         freq = f"{base}/cpu{number}/cpufreq"
-        if not root.exists(f"{freq}/scaling_cur_freq"):
+        if not root.exists(f"{freq}/scaling_cur_freq") or reader.is_denied(f"{freq}/scaling_cur_freq"):
             continue
         max_khz = reader.number(f"{freq}/cpuinfo_max_freq")
         if not max_khz or max_khz <= 0:

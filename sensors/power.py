@@ -64,8 +64,11 @@ def discover_supplies(root: Root, reader: Reader) -> list[Supply]:
         if kind == "Battery":
             if reader.optional_text(f"{path}/present") == "0":
                 continue  # an empty battery bay
-            files = frozenset(f for f in _BATTERY_FILES if root.exists(f"{path}/{f}"))
-            found.append(Supply(name, path, True, files))
+            files = frozenset(
+                f for f in _BATTERY_FILES if root.exists(f"{path}/{f}") and not reader.is_denied(f"{path}/{f}")
+            )
+            if files:  # nothing readable (SELinux): as good as no battery, so termux-battery-status can answer
+                found.append(Supply(name, path, True, files))
         elif root.exists(f"{path}/online"):
             found.append(Supply(name, path, False, frozenset({"online"})))
     return found

@@ -42,24 +42,38 @@ class ProcessStats:
 
 
 class CpuUtilisation:
-    """Whole-machine CPU busy % since the previous figure (psutil's interval-free mode).
+    """Whole-machine CPU busy % since the previous figure, from psutil.cpu_times() deltas.
 
-    Over less than `min_interval_s` the figure is noise (a one-shot CLI would report its own start-up as 100 %), so
-    until then the previous figure stands, or None before the first one.
+    Not psutil.cpu_percent(None): its baseline is one module-wide value shared with every other caller in the
+    process (the daemon's metrics, the engine), which would shorten each other's intervals. Over less than
+    `min_interval_s` the figure is noise (a one-shot CLI would report its own start-up), so until then the previous
+    figure stands, or None before the first one.
     """
 
     def __init__(self, min_interval_s: float = 0.5, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.min_interval_s = min_interval_s
         self._monotonic = monotonic
         self._since = monotonic()
+        self._base = _busy_total()
         self._last: float | None = None
-        psutil.cpu_percent(None)  # prime: the first figure would cover the time since boot
 
     def __call__(self) -> float | None:
         now = self._monotonic()
         if now - self._since >= self.min_interval_s:
-            self._last, self._since = psutil.cpu_percent(None), now
+            busy, total = _busy_total()
+            d_busy, d_total = busy - self._base[0], total - self._base[1]
+            if d_total > 0:
+                self._last = round(min(100.0, max(0.0, 100 * d_busy / d_total)), 1)
+            self._base, self._since = (busy, total), now
         return self._last
+
+
+def _busy_total() -> tuple[float, float]:
+    times = psutil.cpu_times()
+    # Linux counts guest time inside user time already; idle and iowait are both "not busy" (as psutil does).
+    total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+    idle = times.idle + getattr(times, "iowait", 0.0)
+    return total - idle, total
 
 
 class PsutilSampler:

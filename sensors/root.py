@@ -91,8 +91,9 @@ class Reader:
         return text
 
     def is_denied(self, path: str) -> bool:
-        """Discovery's trial read. Many phones' SELinux policy denies dozens of thermal zones: reporting each of them
-        in every sample would bury the real problems, so they are reported once per discovery and left out."""
+        """Discovery's trial read. Many phones' SELinux policy denies dozens of thermal zones, battery and cpufreq
+        files: reporting each in every sample would bury the real problems, so they are reported once per discovery
+        and left out."""
         try:
             self.root.read(path)
         except PermissionError as exc:

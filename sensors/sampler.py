@@ -186,7 +186,7 @@ class SensorSampler:
         else:
             notes.append(f"no hwmon ({shown(HWMON_DIR)} is absent)")
         if inv.denied:
-            notes.append(f"{inv.denied} temperature files not permitted to read (SELinux?): left out")
+            notes.append(f"{inv.denied} files not permitted to read (SELinux?): left out")
         batteries = [s.name for s in inv.supplies if s.battery]
         others = [s.name for s in inv.supplies if not s.battery]
         if batteries:

@@ -63,7 +63,9 @@ def test_eacces_on_a_battery_file_and_on_a_selinux_denied_directory(tree: FakeTr
     snapshot = sample(tree, {"sys/class/power_supply/BAT0/status": errno.EACCES})
     assert snapshot.battery is not None
     assert (snapshot.battery.charging, snapshot.battery.plugged, snapshot.battery.percent) == (None, False, 87.0)
-    assert problems(snapshot) == [("/sys/class/power_supply/BAT0/status", "EACCES: Permission denied")]
+    assert problems(snapshot) == [
+        ("/sys/class/power_supply/BAT0/status", "EACCES: Permission denied; left out until the next discovery")
+    ]
 
     snapshot = sample(tree, {"sys/class/thermal": errno.EACCES})
     assert [t.source for t in snapshot.temperatures] == ["hwmon0/temp1"]
@@ -195,7 +197,7 @@ def test_selinux_denied_zones_are_reported_once_per_discovery_then_left_out(tree
         tree.thermal_zone(n, f"tsens_tz_sensor{n}", 40000 + n * 1000)
     root = FaultyRoot(tree.root, {f"sys/class/thermal/thermal_zone{n}/temp": errno.EACCES for n in (0, 2)})
     sampler = SensorSampler(root, cpu_util=None)
-    assert "2 temperature files not permitted to read (SELinux?): left out" in sampler.notes()
+    assert "2 files not permitted to read (SELinux?): left out" in sampler.notes()
     first, second = sampler.sample(), sampler.sample()
     assert [t.source for t in first.temperatures] == ["thermal_zone1"]
     assert problems(first) == [
@@ -204,3 +206,26 @@ def test_selinux_denied_zones_are_reported_once_per_discovery_then_left_out(tree
     ]
     assert [t.source for t in second.temperatures] == ["thermal_zone1"]
     assert second.problems == ()
+
+
+def test_a_battery_selinux_hides_entirely_counts_as_no_battery(tree: FakeTree) -> None:
+    path = tree.battery("battery", temp=300)
+    files = [p.name for p in tree.path(path).iterdir() if p.name not in ("type", "present", "uevent")]
+    root = FaultyRoot(tree.root, {f"{path}/{name}": errno.EACCES for name in files})
+    sampler = SensorSampler(root, cpu_util=None)
+    first = sampler.sample()
+    assert first.battery is None
+    assert sorted(p.path for p in first.problems) == sorted(f"/{path}/{name}" for name in files)
+    assert sampler.sample().problems == ()
+
+
+def test_eacces_after_discovery_is_reported_in_every_sample(tree: FakeTree) -> None:
+    tree.laptop()
+    root = FaultyRoot(tree.root, {})
+    sampler = SensorSampler(root, cpu_util=None)
+    assert sampler.sample().problems == ()
+    root.faults[root.path("sys/class/hwmon/hwmon0/temp1_input")] = errno.EACCES
+    for _ in range(2):
+        snapshot = sampler.sample()
+        assert snapshot.temperatures[2].temp_c is None
+        assert problems(snapshot) == [("/sys/class/hwmon/hwmon0/temp1_input", "EACCES: Permission denied")]

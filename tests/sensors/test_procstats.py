@@ -11,7 +11,7 @@ from typing import NamedTuple
 import psutil
 import pytest
 
-from sensors.procstats import ProcessReading, ProcessStats, PsutilSampler
+from sensors.procstats import CpuUtilisation, ProcessReading, ProcessStats, PsutilSampler
 from sensors.sampler import SensorSampler, make_sampler
 from sensors.snapshot import Battery, Cpu, Temperature, Trip
 from tests.helpers import eventually
@@ -145,3 +145,21 @@ def test_factory_uses_sysfs_for_a_tree_and_live_util_only_for_the_live_root(tmp_
     live = make_sampler("/", environ={})
     assert isinstance(live, SensorSampler)  # this Linux machine has /sys/class
     live.close()
+
+
+def test_cpu_utilisation_is_unknown_until_an_interval_has_passed() -> None:
+    now = [0.0]
+    util = CpuUtilisation(min_interval_s=0.5, monotonic=lambda: now[0])
+    assert util() is None  # the CLI's one-shot sample: too short an interval to mean anything
+    now[0] = 0.1
+    assert util() is None
+
+    def figure() -> tuple[float]:
+        now[0] += 1.0
+        value = util()
+        assert value is not None  # None only while no clock tick has passed in /proc/stat
+        return (value,)
+
+    (value,) = eventually(figure)
+    assert 0.0 <= value <= 100.0
+    assert util() == value  # within the interval the previous figure stands
