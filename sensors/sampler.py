@@ -181,7 +181,7 @@ class SensorSampler:
         ]
         if "hwmon" in kinds:
             notes.append(f"{kinds.count('hwmon')} hwmon temperatures under {shown(HWMON_DIR)}")
-        elif os.path.isdir(self.root.path(HWMON_DIR)):
+        elif self.root.exists(self.root.path(HWMON_DIR)):
             notes.append(f"no hwmon temperatures under {shown(HWMON_DIR)}")
         else:
             notes.append(f"no hwmon ({shown(HWMON_DIR)} is absent)")
