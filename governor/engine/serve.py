@@ -14,6 +14,7 @@ import socket
 import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 import uvicorn
@@ -30,6 +31,9 @@ from governor.engine.config import (
     single_model,
 )
 from governor.errors import GovernorError
+
+if TYPE_CHECKING:
+    from governor.engine.worker import Worker
 
 log = structlog.get_logger("governor.engine")
 
@@ -139,6 +143,24 @@ def bind_tcp(port: int) -> socket.socket:
         raise EngineError(f"--port {port}: cannot bind 127.0.0.1:{port}: {exc.strerror}") from exc
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's phased shutdown (stop accepting, wait for responses, lifespan shutdown), plus: after `drain_s`
+    the running answer is ended at a token boundary, so its client still gets a complete response."""
+
+    def __init__(self, config: uvicorn.Config, worker: Worker, drain_s: float) -> None:
+        super().__init__(config)
+        self._worker = worker
+        self._drain_s = drain_s
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        log.info("engine.stopping", drain_s=self._drain_s, busy=self._worker.busy)
+        handle = asyncio.get_running_loop().call_later(self._drain_s, self._worker.end_answers)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            handle.cancel()
+
+
 def run(args: argparse.Namespace) -> int:
     from governor.engine.app import EngineApp
     from governor.engine.model import ModelLoadError
@@ -173,11 +195,11 @@ def run(args: argparse.Namespace) -> int:
             log_level="warning",
             access_log=False,
             lifespan="on",
-            timeout_graceful_shutdown=args.drain_s,
+            timeout_graceful_shutdown=args.drain_s + 5.0,  # a backstop: answers end by themselves after drain_s
         )
         # uvicorn re-raises a caught SIGTERM after shutdown; a no-op handler makes that a clean exit 0.
         signal.signal(signal.SIGTERM, lambda signum, frame: None)
-        uvicorn.Server(config).run(sockets=sockets)
+        _Server(config, worker, args.drain_s).run(sockets=sockets)
     finally:
         for s in sockets:
             s.close()

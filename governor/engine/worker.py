@@ -112,11 +112,15 @@ class Worker:
         job.cancelled.set()
         self._wake.set()
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Ends the running answer at the next token boundary, drops queued jobs, closes the model."""
+    def end_answers(self) -> None:
+        """Shutting down: the running answer ends at the next token boundary (finish_reason "length", so its
+        client gets a complete response), queued ones get a 503, and the thread exits."""
         self._stopping = True
         self._wake.set()
         self._jobs.put(None)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self.end_answers()
         self._thread.join(timeout_s)
 
     def tokens_per_s(self, window_s: float = 2.0) -> float:

@@ -128,7 +128,6 @@ class Engine:
 
     def stop(self) -> int:
         """SIGTERM, as the daemon stops it; returns the exit code."""
-        self.http.close()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
@@ -137,6 +136,8 @@ class Engine:
             self.proc.kill()
             self.proc.wait()
             raise
+        finally:
+            self.http.close()
 
 
 def user(text: str) -> list[dict[str, str]]:
