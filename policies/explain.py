@@ -165,6 +165,8 @@ def explain(k: Tick) -> tuple[str, str, Readings]:
             clauses.append(f"{k.fit.model} n_ctx {k.fit.n_ctx} KV {k.fit.kv_type} bound by {k.fit.bound}")
         if k.fit.note:
             clauses.append(k.fit.note)
+    if k.sense.cpu_throttled and k.state in {State.HOT, State.CRITICAL}:
+        clauses.append("the CPU clock is already throttled by the kernel")
     unknown = []
     if v.temp_c is None:
         unknown.append("temperature")
@@ -196,5 +198,6 @@ def explain(k: Tick) -> tuple[str, str, Readings]:
         "busy_fraction": round(k.sense.busy, 3),
         "pi_output": None if k.pi_u is None else round(k.pi_u, 3),
         "fit_bound": None if k.fit is None else k.fit.bound,
+        "cpu_throttled": k.sense.cpu_throttled,
     }
     return rule, reason, readings

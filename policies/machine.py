@@ -196,6 +196,7 @@ class Governor:
         return Sense(
             view=view, forecast_c=forecast, busy=busy, battery=battery, on_power=on_power, available=available,
             psi=psi, pressure=pressure, crit_thermal=crit_thermal, crit_battery=crit_battery, crit_memory=crit_memory,
+            cpu_throttled=snapshot.cpu.throttled,
         )  # fmt: skip
 
     def _gate(self, desired: State, t: float) -> float:

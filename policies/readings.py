@@ -40,6 +40,7 @@ class Sense:
     crit_thermal: bool
     crit_battery: bool
     crit_memory: bool
+    cpu_throttled: bool | None = None  # the kernel or firmware is already holding the clock down
 
 
 class ZoneFilter:

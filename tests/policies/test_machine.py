@@ -277,3 +277,14 @@ def test_changed_marks_only_engine_config_changes(policy: Policy) -> None:
     gov = Governor(policy)
     decisions = run(gov, [snap(50.0)] * 3 + [snap(76.0)] * 3)  # under the setpoint: PI stays at its top
     assert [d.changed for d in decisions] == [True, False, False, False, True, False]
+
+
+def test_kernel_throttling_is_named_while_hot(policy: Policy) -> None:
+    from sensors.snapshot import Cpu
+
+    gov = Governor(policy)
+    throttled = snap(80.0).model_copy(update={"cpu": Cpu(freq_ratio=0.6, throttled=True)})
+    d = run(gov, [throttled] * 3)[-1]
+    assert d.state == State.HOT
+    assert d.readings["cpu_throttled"] is True
+    assert "already throttled by the kernel" in d.reason

@@ -185,3 +185,11 @@ def test_noise_around_the_hot_exit_does_not_flap(samples: list[tuple[float, floa
         t += dt
         out.append(gov.decide(snap(exit_c + u * amplitude), BUSY, t))
     assert count_changes(out) <= 1  # leaves hot at most once, never comes back
+
+
+@settings(max_examples=50, deadline=None)
+@given(traces)
+def test_same_inputs_same_decisions(trace: list[Step]) -> None:
+    first, _ = play(Governor(POLICY), trace)
+    second, _ = play(Governor(POLICY), trace)
+    assert [d.model_dump() for d in first] == [d.model_dump() for d in second]
