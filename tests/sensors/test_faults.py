@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -94,7 +93,7 @@ def test_a_file_that_vanishes_is_reported_once_then_rediscovered(tree: FakeTree)
     tree.thermal_zone(1)
     sampler = SensorSampler(tree.root, cpu_util=None, rediscover_s=3600)
     assert len(sampler.sample().temperatures) == 2
-    shutil.rmtree(tree.path("sys/class/thermal/thermal_zone1"))
+    tree.remove("sys/class/thermal/thermal_zone1")
     snapshot = sampler.sample()
     assert [t.temp_c for t in snapshot.temperatures] == [45.0, None]
     assert problems(snapshot) == [

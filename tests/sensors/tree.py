@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -36,6 +38,21 @@ class FakeTree:
         path.write_text(f"{value}\n" if newline else str(value))
         return path
 
+    def device(self, class_rel: str, device_rel: str) -> str:
+        """Like the kernel: sys/class/<class>/<name> is a relative symlink into sys/devices/."""
+        link = self.root / class_rel
+        if not link.is_symlink():
+            (self.root / device_rel).mkdir(parents=True, exist_ok=True)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(os.path.relpath(self.root / device_rel, link.parent))
+        return class_rel
+
+    def remove(self, class_rel: str) -> None:
+        """A device going away: its sys/devices directory and its class link both disappear."""
+        link = self.root / class_rel
+        shutil.rmtree(link.resolve())
+        link.unlink()
+
     def thermal_zone(
         self,
         n: int,
@@ -43,7 +60,7 @@ class FakeTree:
         temp: str | int = 45000,
         trips: tuple[tuple[str, str | int], ...] = (("passive", 85000), ("critical", 105000)),
     ) -> str:
-        zone = f"{THERMAL}/thermal_zone{n}"
+        zone = self.device(f"{THERMAL}/thermal_zone{n}", f"sys/devices/virtual/thermal/thermal_zone{n}")
         self.write(f"{zone}/type", zone_type)
         self.write(f"{zone}/temp", temp)
         self.write(f"{zone}/mode", "enabled")
@@ -56,7 +73,7 @@ class FakeTree:
 
     def hwmon(self, n: int, name: str, temps: Mapping[int, Mapping[str, str | int]]) -> str:
         """temps: {1: {"input": 52000, "label": "Core 0", "max": 80000, "crit": 100000}, ...}"""
-        chip = f"{HWMON}/hwmon{n}"
+        chip = self.device(f"{HWMON}/hwmon{n}", f"sys/devices/platform/{name}.{n}/hwmon/hwmon{n}")
         self.write(f"{chip}/name", name)
         for number, attrs in temps.items():
             for attr, value in attrs.items():
@@ -64,6 +81,7 @@ class FakeTree:
         return chip
 
     def supply(self, name: str, **attrs: str | int) -> str:
+        self.device(f"{POWER}/{name}", f"sys/devices/platform/{name}-supply/power_supply/{name}")
         for attr, value in attrs.items():
             self.write(f"{POWER}/{name}/{attr}", value)
         self.write(f"{POWER}/{name}/uevent", f"POWER_SUPPLY_NAME={name}")
