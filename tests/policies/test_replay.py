@@ -153,3 +153,14 @@ def test_replay_with_a_model_ladder_fits_memory(tmp_path: Path, capsys: pytest.C
     assert lines[0]["engine"]["n_ctx"] == 4096
     assert lines[-1]["engine"]["n_ctx"] < 4096 or lines[-1]["engine"]["model"] == "small"
     assert "bound by memory" in lines[-1]["reason"]
+
+
+def test_replay_reads_stdin(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    trace = trace_of(tmp_path / "t.jsonl", [snap(50.0)] * 2)
+    monkeypatch.setattr("sys.stdin", io.StringIO(trace.read_text()))
+    assert main(["replay", "-", "--json"]) == 0
+    assert [json.loads(line)["t"] for line in capsys.readouterr().out.splitlines()] == [0.0, 1.0]
