@@ -28,7 +28,7 @@ system-deps:
 
 # Sets everything up, writes the demo model ladder and runs the daemon in the foreground (Ctrl-C stops it).
 run: setup
-	$(BIN)/governor sensors --watch
+	$(BIN)/governor demo-models --dir $(DEMO) && $(BIN)/governor run --models $(DEMO)/ladder.toml
 
 lint: setup
 	$(BIN)/ruff check .

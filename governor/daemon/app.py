@@ -8,6 +8,8 @@ sd_notify, metrics and the recorder feed. Time is injected: the lab runs the sam
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -34,21 +36,23 @@ def ladder_path(config: DaemonConfig) -> Path:
     """The configured ladder, else the demo ladder in the state directory (written on first use)."""
     if config.models is not None:
         return config.models
-    from governor.engine.demo import is_current, write_demo_models
-
     directory = config.state_dir / "demo-models"
-    if is_current(directory):
-        return directory / "ladder.toml"
-    structlog.get_logger("governor.daemon").info("writing the demo models (random weights)", dir=str(directory))
-    return write_demo_models(directory)
+    structlog.get_logger("governor.daemon").info("using the demo models (random weights)", dir=str(directory))
+    # A child writes them (only when missing or stale), so gguf and numpy never load into the daemon.
+    argv = [sys.executable, "-m", "governor", "demo-models", "--dir", str(directory)]
+    done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        raise GovernorError(f"cannot write the demo models: {lines[-1] if lines else done.returncode}")
+    return directory / "ladder.toml"
 
 
 def policy_loader(ladder: ModelLadder) -> Callable[[str], Decider]:
     """name or file -> the policy core, with each tier's memory footprint read once from its GGUF header."""
+    from governor.daemon.footprints import read_footprints
     from policies import Governor, load_policy
-    from policies.memfit import ModelFootprint
 
-    footprints = {tier.name: ModelFootprint.from_gguf(tier.path) for tier in ladder.tiers}
+    footprints = read_footprints(ladder)
 
     def load(name: str) -> Decider:
         return Governor(load_policy(name), ladder=ladder, footprints=footprints)

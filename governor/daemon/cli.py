@@ -32,7 +32,20 @@ def _client(args: argparse.Namespace) -> ControlClient:
     return ControlClient(args.control_socket or default_control_socket())
 
 
+def _launched_as_governor() -> bool:
+    """`governor ...` or `python -m governor ...`, not a test calling main() in-process."""
+    return Path(sys.argv[0]).name in ("governor", "__main__.py") and "run" in sys.argv[1:]
+
+
 def _run(args: argparse.Namespace) -> int:
+    if _launched_as_governor() and not os.environ.get("GOVERNOR_NO_REEXEC"):
+        # The full CLI has imported every subcommand's modules (uvicorn, gguf, numpy: ~30 MB) that a daemon living
+        # for months would keep for nothing: become the lean entry point instead (same pid, for systemd).
+        os.execv(sys.executable, [sys.executable, "-m", "governor.daemon", *sys.argv[1:]])
+    return run_daemon(args)
+
+
+def run_daemon(args: argparse.Namespace) -> int:
     from governor.daemon.app import build
     from governor.daemon.config import load_config
 
@@ -151,7 +164,7 @@ def _install_service(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the governor daemon: sensors -> policy -> engine, with a control socket")
     run.add_argument(
         "--config",
@@ -169,6 +182,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run.add_argument("--metrics-textfile", type=Path, help="also write Prometheus metrics to this node_exporter file")
     run.add_argument("--no-udev", action="store_true", help="do not watch udev events; poll only")
     run.set_defaults(func=_run)
+    return run
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    add_run(sub)
 
     def client(name: str, help_: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_)

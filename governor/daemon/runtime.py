@@ -99,6 +99,7 @@ class Daemon:
 
     def request_stop(self) -> None:
         self.stop.set()
+        self.supervisor.expect_exit()
         self.loop.wake.set()
 
     def request_reload(self) -> None:

@@ -121,6 +121,11 @@ class EngineSupervisor:
         if start and self._thread is not None:
             self._thread.start()
 
+    def expect_exit(self) -> None:
+        """The daemon is stopping: an engine exit from now on is not a death to restart from. (A terminal's Ctrl-C
+        reaches the engine too, being in the same process group, and it drains itself on SIGINT.)"""
+        self._stop.set()
+
     def reset(self) -> None:
         """A reload forgets past failures and memory caps and retries a given-up engine."""
         with self._lock:

@@ -1,0 +1,155 @@
+"""The daemon's own cost: CPU per loop tick and RSS without the engine (goals: < 2 ms per tick, < 60 MB).
+
+Per tick, with the real parts: SensorSampler on a fake laptop tree (2 zones, a hwmon chip, battery + mains, 4 CPUs,
+meminfo, PSI), the real policy Governor (default policy, the demo ladder's footprints) wrapped by the supervisor's
+decider, the daemon's listeners (status/why state, Prometheus metrics, sd_notify off) and an engine stub answering
+at once (no HTTP): CPU is `time.process_time()` over N ticks. Its parts are timed side by side in the same run.
+RSS: `governor run` as a real process on the same tree with the demo ladder, the engine child excluded, once ready.
+The machine is shared (2 cores, several engineers at work): figures are noisy; the median of 5 rounds is printed.
+Usage: .venv/bin/python bench/bench_daemon.py [--ticks N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the fake-tree builder lives in tests/
+
+import psutil
+
+from governor.clock import RealClock
+from governor.daemon.client import ControlClient
+from governor.daemon.metrics import DaemonMetrics
+from governor.daemon.state import DaemonState
+from governor.daemon.supervisor import EngineSupervisor, RestartPolicy, SupervisedDecider
+from governor.engine.demo import write_demo_models
+from governor.loop import GovernorLoop
+from policies import Governor, ModelFootprint, load_policy
+from policies.decision import EngineConfig
+from policies.ladder import load_ladder
+from sensors.sampler import SensorSampler
+from sensors.snapshot import EngineObservation
+from tests.sensors.tree import FakeTree
+
+TICK_GOAL_MS = 2.0
+RSS_GOAL_MB = 60.0
+REPO = Path(__file__).resolve().parent.parent
+
+
+class EngineStub:
+    """Answers at once: what is measured is the daemon, not HTTP to the engine."""
+
+    def __init__(self) -> None:
+        self.busy = False
+
+    def observe(self) -> EngineObservation:
+        self.busy = not self.busy
+        return EngineObservation(busy=self.busy, tokens_per_s=20.0, model="large", rss_bytes=300 << 20)
+
+    def apply(self, config: EngineConfig) -> None:
+        del config
+
+
+def cpu_ms(func: Callable[[], object], n: int) -> float:
+    start = time.process_time()
+    for _ in range(n):
+        func()
+    return (time.process_time() - start) * 1000 / n
+
+
+def per_tick(root: Path, ladder_path: Path, ticks: int) -> dict[str, float]:
+    ladder = load_ladder(ladder_path)
+    footprints = {t.name: ModelFootprint.from_gguf(t.path) for t in ladder.tiers}
+    policy = Governor(load_policy("default"), ladder=ladder, footprints=footprints)
+    supervisor = EngineSupervisor(
+        command=lambda _cfg: [],
+        ready=lambda _t: True,
+        configure=lambda _cfg: None,
+        ladder=ladder,
+        restart=RestartPolicy(),
+        clock=RealClock(),
+    )  # never started: only its decider wrapper is on the path of a tick
+    sampler = SensorSampler(root, cpu_util=None)
+    state, metrics = DaemonState(), DaemonMetrics()
+    loop = GovernorLoop(
+        sampler,
+        SupervisedDecider(policy, supervisor),
+        EngineStub(),
+        RealClock(),
+        listeners=[state.on_tick, metrics.on_tick],
+    )
+    snapshot = sampler.sample()
+    engine = EngineStub()
+    t0 = time.monotonic()
+    rounds: dict[str, list[float]] = {"tick": [], "sample": [], "decide": [], "listeners": []}
+    for _ in range(5):
+        rounds["tick"].append(cpu_ms(loop.tick, ticks))
+        rounds["sample"].append(cpu_ms(sampler.sample, ticks))
+        rounds["decide"].append(cpu_ms(lambda: policy.decide(snapshot, engine.observe(), time.monotonic() - t0), ticks))
+        assert loop.last is not None
+        last = loop.last
+        rounds["listeners"].append(
+            cpu_ms(lambda: (state.on_tick(1.0, snapshot, None, last), metrics.on_tick(1.0, snapshot, None, last)), ticks)
+        )
+    return {name: statistics.median(values) for name, values in rounds.items()}
+
+
+def daemon_rss(root: Path, ladder_path: Path, work: Path) -> tuple[float, float]:
+    """(daemon RSS MB, engine RSS MB) of a real `governor run`, once it is ready."""
+    control = work / "c.sock"
+    argv = [
+        sys.executable, "-m", "governor", "--log-json", "run", "--root", str(root), "--models", str(ladder_path),
+        "--control-socket", str(control), "--engine-socket", str(work / "e.sock"), "--state-dir", str(work / "state"),
+        "--no-udev",
+    ]  # fmt: skip
+    with (work / "daemon.log").open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        client = ControlClient(control)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if control.exists() and client.request("status")["status"]["supervisor"]["ready"]:
+                break
+            if proc.poll() is not None:
+                raise SystemExit(f"governor run exited: {(work / 'daemon.log').read_text()[-2000:]}")
+            time.sleep(0.2)
+        time.sleep(2.0)  # a few ticks with the engine answering
+        me = psutil.Process(proc.pid)
+        engine = sum(child.memory_info().rss for child in me.children(recursive=True))
+        return me.memory_info().rss / 1e6, engine / 1e6
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ticks", type=int, default=2000)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="gvb", dir="/tmp"))
+    try:
+        tree = FakeTree(work / "root").laptop()
+        ladder_path = write_demo_models(REPO / "demo-models")
+        ms = per_tick(tree.root, ladder_path, args.ticks)
+        print(f"daemon CPU per tick over {args.ticks} ticks (median of 5 rounds; shared 2-core machine, noisy):")
+        print(f"  whole tick   {ms['tick']:7.3f} ms   ratio to the {TICK_GOAL_MS} ms goal: {ms['tick'] / TICK_GOAL_MS:.2f}")
+        for part in ("sample", "decide", "listeners"):
+            print(f"    {part:10s} {ms[part]:7.3f} ms   ({ms[part] / ms['tick']:.0%} of a tick)")
+        rss, engine = daemon_rss(tree.root, ladder_path, work)
+        print(f"daemon RSS without the engine: {rss:6.1f} MB   ratio to the {RSS_GOAL_MB:g} MB goal: {rss / RSS_GOAL_MB:.2f}")
+        print(f"  (the engine child beside it: {engine:.0f} MB)")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
