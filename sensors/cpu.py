@@ -28,7 +28,7 @@ _CPU_RE = re.compile(r"cpu(\d+)$")
 class Core:
     number: int
     cur_path: str
-    scaling_max_path: str
+    scaling_max_path: str | None  # absent on a few drivers: then only the load rule can say "throttled"
     max_khz: float  # cpuinfo_max_freq: the hardware's limit does not change while running
 
 
@@ -48,7 +48,10 @@ def discover_cpus(root: Root, reader: Reader) -> CpuInventory:
         max_khz = reader.number(f"{freq}/cpuinfo_max_freq")
         if not max_khz or max_khz <= 0:
             continue
-        cores.append(Core(number, f"{freq}/scaling_cur_freq", f"{freq}/scaling_max_freq", max_khz))
+        scaling_max = f"{freq}/scaling_max_freq"
+        cores.append(
+            Core(number, f"{freq}/scaling_cur_freq", scaling_max if root.exists(scaling_max) else None, max_khz)
+        )
     online = f"{base}/online"
     return CpuInventory(tuple(cores), online if root.exists(online) else None)
 
@@ -80,7 +83,7 @@ def read_cpu(reader: Reader, inventory: CpuInventory, util_percent: float | None
         cur = reader.number(core.cur_path)
         if cur is not None:
             ratios.append(min(cur / core.max_khz, 1.0))
-        cap = reader.number(core.scaling_max_path)
+        cap = reader.number(core.scaling_max_path) if core.scaling_max_path else None
         if cap is not None and cap < core.max_khz:
             capped = True
     ratio = sum(ratios) / len(ratios) if ratios else None

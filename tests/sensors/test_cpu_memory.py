@@ -93,3 +93,15 @@ def test_meminfo_without_memavailable_is_a_problem(tree: FakeTree) -> None:
     snapshot = SensorSampler(tree.root, cpu_util=None).sample()
     assert (snapshot.memory.total_bytes, snapshot.memory.available_bytes) == (1_024_000, None)
     assert [(p.path, p.reason) for p in snapshot.problems] == [("/proc/meminfo", "no MemAvailable line")]
+
+
+def test_a_cpu_without_scaling_max_freq_needs_no_rediscovery(tree: FakeTree) -> None:
+    tree.cpus(2, cur_khz=900_000, max_khz=1_800_000)
+    tree.path("sys/devices/system/cpu/cpu1/cpufreq/scaling_max_freq").unlink()
+    sampler = SensorSampler(tree.root, cpu_util=None)
+    first = sampler.sample()
+    inventory = sampler.inventory()
+    second = sampler.sample()
+    assert sampler.inventory() is inventory  # an absent optional file is not a vanished one
+    assert first.problems == second.problems == ()
+    assert (second.cpu.freq_ratio, second.cpu.throttled) == (0.5, False)
