@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import tomllib
 from pathlib import Path
 from typing import TypeVar
@@ -10,6 +9,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from governor.errors import GovernorError
+from policies.loader import locate  # the policy files' line finder: tomllib keeps no positions
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -41,13 +41,6 @@ def resolve(kind: str, name_or_file: str) -> Path:
     return candidate
 
 
-def _line_of(text: str, key: str) -> int | None:
-    """The first line assigning `key` or opening table `[key]`: tomllib keeps no positions, so search the text."""
-    pattern = re.compile(rf"^\s*(\[\[?\s*([\w.-]+\.)?{re.escape(key)}\s*\]\]?|{re.escape(key)}\s*=)", re.MULTILINE)
-    match = pattern.search(text)
-    return text.count("\n", 0, match.start()) + 1 if match else None
-
-
 def load_model(path: Path, model: type[M]) -> M:
     try:
         text = path.read_text()
@@ -61,7 +54,5 @@ def load_model(path: Path, model: type[M]) -> M:
         return model.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        loc = [str(p) for p in err["loc"]]
-        keys = [p for p in loc if not p.isdigit()]
-        line = _line_of(text, keys[-1]) if keys else None
-        raise LabFileError(path, f"{'.'.join(loc) or '(top)'}: {err['msg']}", line) from exc
+        loc = ".".join(str(p) for p in err["loc"]) or "(top)"
+        raise LabFileError(path, f"{loc}: {err['msg']}", locate(text, err["loc"])) from exc
