@@ -52,6 +52,12 @@ class _Cell:
     temp_c: float | None = None
 
 
+def _is_external(kind: str) -> bool:
+    """A source of external power. Phones also list charger internals (BMS, Parallel, Main) with an `online` that
+    says nothing about a cable, so only the kernel's own source types count: Mains, USB*, Wireless."""
+    return kind in ("Mains", "Wireless", "Wipower") or kind.startswith("USB")
+
+
 def discover_supplies(root: Root, reader: Reader) -> list[Supply]:
     base = root.path(POWER_DIR)
     found: list[Supply] = []
@@ -69,7 +75,7 @@ def discover_supplies(root: Root, reader: Reader) -> list[Supply]:
             )
             if files:  # nothing readable (SELinux): as good as no battery, so termux-battery-status can answer
                 found.append(Supply(name, path, True, files))
-        elif root.exists(f"{path}/online"):
+        elif _is_external(kind) and root.exists(f"{path}/online"):
             found.append(Supply(name, path, False, frozenset({"online"})))
     return found
 

@@ -115,3 +115,13 @@ def test_last_resort_also_when_zones_exist_but_none_is_readable(tree: FakeTree) 
     snapshot = sample(tree)
     assert [(t.kind, t.temp_c) for t in snapshot.temperatures] == [("thermal_zone", None), ("battery", 36.7)]
     assert [p.path for p in snapshot.problems] == ["/sys/class/thermal/thermal_zone0/temp"]
+
+
+def test_phone_charger_internals_do_not_count_as_external_power(tree: FakeTree) -> None:
+    tree.battery("battery", status="Discharging")
+    tree.supply("bms", type="BMS", online=1)
+    tree.supply("parallel", type="Parallel", online=1)
+    tree.supply("usb", type="USB_HVDCP_3", online=0)
+    battery = sample(tree).battery
+    assert battery is not None
+    assert battery.plugged is False
