@@ -119,7 +119,7 @@ class EngineSim:
     def busy(self) -> bool:
         return self.current is not None or bool(self.queue)
 
-    def _start(self, request: Request) -> bool:
+    def _start(self, request: Request, now: float) -> None:
         assert self.config is not None
         n_ctx = self.config.n_ctx
         if request.new_conversation:
@@ -135,13 +135,13 @@ class EngineSim:
             prefill = keep + request.prompt_tokens
         if prefill >= n_ctx:
             self.stats.failed += 1  # the prompt alone does not fit: llama.cpp raises ValueError
-            return False
+            self.finished.append(now)
+            return
         self.current = request
         self.prefill_left = prefill
         self.answer_left = min(float(request.answer_tokens), n_ctx - self.ctx - prefill)
         if self.answer_left < request.answer_tokens:
             self.stats.truncated += 1
-        return True
 
     def step(self, t: float, h: float, freq_ratio: float) -> tuple[float, float]:  # noqa: PLR0915 (hot path)
         """Run for h seconds at the given CPU frequency; returns the mean busy (big, little) cores in the step."""
@@ -160,7 +160,7 @@ class EngineSim:
         while now < end - 1e-12:
             if self.current is None:
                 while self.queue and self.current is None:
-                    self._start(self.queue.popleft())
+                    self._start(self.queue.popleft(), now)
                 if self.current is None:
                     break
             left = end - now

@@ -8,11 +8,11 @@ from functools import cache
 import pytest
 import structlog
 
+import policies
 from governor.lab.deciders import NONE, Ungoverned, decider_for, load_policy
 from governor.lab.device import load_device
 from governor.lab.experiment import Run, simulate
 from governor.lab.workload import load_workload
-from sensors.snapshot import TraceRecord
 
 LONG_CHAT = load_workload("long-chat")
 SHIPPED = [("raspberry-pi-5", "raspberry-pi"), ("phone", "android-termux"), ("fanless-laptop", "fanless-laptop")]
@@ -54,11 +54,18 @@ def test_the_trace_is_the_replay_format() -> None:
     device = load_device("phone")
     out = io.StringIO()
     simulate(device, Ungoverned(device), LONG_CHAT, policy_name=NONE, minutes=2, trace=out)
-    records = [TraceRecord.model_validate_json(line) for line in out.getvalue().splitlines()]
+    out.seek(0)
+    records = list(policies.read_trace(out))
     assert len(records) >= 100  # one a second
     assert records[-1].t >= 119.0
     assert any(r.engine is not None and r.engine.busy for r in records)
     assert records[0].battery is not None
+    # and the policy core replays it: the recorded ungoverned run, as the android policy would have decided it
+    governor = decider_for(load_policy("android-termux"), device)
+    assert isinstance(governor, policies.Governor)
+    decisions = list(policies.replay(records, governor))
+    assert len(decisions) == len(records)
+    assert {d.state.value for d in decisions} >= {"idle", "sustained"}
 
 
 @pytest.mark.parametrize(("device_name", "policy_name"), SHIPPED)

@@ -135,3 +135,37 @@ def test_snapshot_looks_like_real_sensors() -> None:
     assert snap.memory.total_bytes == 7680 * MB
     assert snap.battery is not None
     assert snap.battery.percent == pytest.approx(80.0)
+
+
+def test_the_pi_throttles_under_load_and_recovers_only_below_trip_minus_hysteresis() -> None:
+    workload = WorkloadSpec(
+        name="load-then-rest",
+        phase=(
+            PhaseSpec(kind="chat", duration_s=900, think_s=(0.0, 0.0), answer_tokens=(400.0, 400.0)),
+            PhaseSpec(kind="idle", duration_s=600),
+        ),
+    )
+    world = World(PI, workload, record_s=0.5)
+    run_full(world, 1500.0)
+    s = world.series
+    throttled = [i for i, f in enumerate(s.freq_ratio) if f < 1.0]
+    assert throttled
+    first = throttled[0]
+    assert max(s.die_c[:first]) >= 80.0  # the trip was reached before the first step down
+    assert max(s.die_c[: first - 2]) < 80.0  # and not long before: the kernel polls every 0.5 s
+    assert min(s.freq_ratio) <= PI.cpu.freq_steps[3]
+    assert s.freq_ratio[-1] == 1.0  # back to full clock after the rest
+    last = throttled[-1]
+    assert s.die_c[last] < 80.0 - 3.0  # the last steps back happen below trip - hysteresis
+    assert max(s.die_c[last - 1 :]) < 80.0 - 3.0
+    assert max(s.die_c) < 85.5  # the soft trip held it near 80: the hard limit barely (or never) engaged
+
+
+def test_a_prompt_larger_than_the_context_fails_and_the_chat_goes_on() -> None:
+    workload = WorkloadSpec(
+        name="huge", phase=(PhaseSpec(kind="chat", duration_s=300, prompt_tokens=(3000.0, 3000.0), think_s=(5.0, 5.0)),)
+    )
+    world = World(PI, workload)
+    run_full(world, 300.0)  # n_ctx 2048 < 3000: llama.cpp refuses each prompt, the user asks again
+    assert world.engine.stats.failed >= 10
+    assert world.engine.stats.tokens == 0
