@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
+import structlog
+
 from sensors.cpu import CPU_DIR, MEMINFO, PSI_MEMORY, CpuInventory, discover_cpus, read_cpu, read_memory
 from sensors.power import Supply, discover_supplies, read_battery
 from sensors.procstats import CpuUtilisation, PsutilSampler
@@ -106,6 +108,7 @@ class SensorSampler:
         self._stuck = StuckDetector(stuck_samples)
         self._inventory: Inventory | None = None
         self._pending: list[Problem] = []  # found by a discovery outside sample(): reported by the next sample
+        self._log = structlog.get_logger("sensors")
 
     def invalidate(self) -> None:
         """Rediscover before the next sample (a udev event said devices came or went)."""
@@ -132,6 +135,16 @@ class SensorSampler:
         return self._inventory
 
     def sample(self) -> Snapshot:
+        try:
+            return self._sample()
+        except Exception as exc:
+            # Every known fault is handled where it happens; this is for the unknown one. The loop must keep its
+            # tick (and restore the engine on exit), so a bug here costs one sample, reported, not the daemon.
+            self._log.exception("sensor_sample_failed")
+            self._inventory = None
+            return Snapshot(problems=(Problem(path="sensors", reason=f"internal error: {exc!r}"),))
+
+    def _sample(self) -> Snapshot:
         now = self._monotonic()
         reader = Reader(self.root)
         reader.problems, self._pending = self._pending, []

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -228,3 +229,19 @@ def test_eacces_after_discovery_is_reported_in_every_sample(tree: FakeTree) -> N
         snapshot = sampler.sample()
         assert snapshot.temperatures[2].temp_c is None
         assert problems(snapshot) == [("/sys/class/hwmon/hwmon0/temp1_input", "EACCES: Permission denied")]
+
+
+class BrokenRoot(Root):
+    """A defect, not a kernel fault: something raises that no reader expects."""
+
+    def read(self, path: str) -> bytes:
+        raise RuntimeError("a bug")
+
+
+def test_an_unexpected_error_costs_one_sample_not_the_daemon(
+    tree: FakeTree, captured_logs: list[structlog.typing.EventDict]
+) -> None:
+    tree.laptop()
+    snapshot = SensorSampler(BrokenRoot(tree.root), cpu_util=None).sample()
+    assert problems(snapshot) == [("sensors", "internal error: RuntimeError('a bug')")]
+    assert [entry["event"] for entry in captured_logs] == ["sensor_sample_failed"]
