@@ -47,12 +47,12 @@ def ladder_path(config: DaemonConfig) -> Path:
     return directory / "ladder.toml"
 
 
-def policy_loader(ladder: ModelLadder) -> Callable[[str], Decider]:
+def policy_loader(ladder: ModelLadder, ladder_file: Path) -> Callable[[str], Decider]:
     """name or file -> the policy core, with each tier's memory footprint read once from its GGUF header."""
     from governor.daemon.footprints import read_footprints
     from policies import Governor, load_policy
 
-    footprints = read_footprints(ladder)
+    footprints = read_footprints(ladder_file)
 
     def load(name: str) -> Decider:
         return Governor(load_policy(name), ladder=ladder, footprints=footprints)
@@ -70,7 +70,7 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
             raise GovernorError(f"{directory}: cannot create: {exc.strerror} (set it in the config file)") from exc
     lpath = ladder_path(config)
     ladder = load_ladder(lpath)
-    load_decider = policy_loader(ladder)
+    load_decider = policy_loader(ladder, lpath)
     inner = load_decider(config.policy)  # a bad policy at start is an error; on reload the last good one is kept
 
     sensors = make_sampler(config.root, environ=env)

@@ -1,8 +1,8 @@
 """Each tier's memory footprint, read from its GGUF header in a short-lived child process.
 
 The `gguf` package pulls in numpy and costs about 16 MB of RSS that a daemon living for months would keep for
-nothing after reading three headers; a child gives it all back. `python -m governor.daemon.footprints` reads
-`{"tier": "path"}` JSON on stdin and prints `{"tier": {field: value}}`.
+nothing after reading three headers; a child gives it all back. `python -m governor.daemon.footprints LADDER`
+prints `{"tier": {field: value}}`.
 """
 
 from __future__ import annotations
@@ -14,18 +14,17 @@ import sys
 from pathlib import Path
 
 from governor.errors import GovernorError
-from policies.ladder import ModelLadder
+from policies.assemble import load_footprints
+from policies.ladder import load_ladder
 from policies.memfit import ModelFootprint
 
 TIMEOUT_S = 120.0
 
 
-def read_footprints(ladder: ModelLadder) -> dict[str, ModelFootprint]:
-    paths = {tier.name: str(tier.path) for tier in ladder.tiers}
+def read_footprints(ladder: Path) -> dict[str, ModelFootprint]:
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "governor.daemon.footprints"],
-            input=json.dumps(paths),
+            [sys.executable, "-m", "governor.daemon.footprints", str(ladder)],
             capture_output=True,
             text=True,
             timeout=TIMEOUT_S,
@@ -40,13 +39,12 @@ def read_footprints(ladder: ModelLadder) -> dict[str, ModelFootprint]:
 
 
 def _main() -> int:
-    paths: dict[str, str] = json.load(sys.stdin)
     try:
-        out = {name: dataclasses.asdict(ModelFootprint.from_gguf(Path(p))) for name, p in paths.items()}
+        footprints = load_footprints(load_ladder(Path(sys.argv[1])))
     except GovernorError as exc:
         print(exc, file=sys.stderr)
         return 2
-    json.dump(out, sys.stdout)
+    json.dump({name: dataclasses.asdict(fp) for name, fp in footprints.items()}, sys.stdout)
     return 0
 
 

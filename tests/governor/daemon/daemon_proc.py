@@ -70,7 +70,7 @@ def device_tree(root: Path) -> FakeTree:
     tree.thermal_zone(0, "cpu-thermal", 45000, trips=(("passive", 80000), ("critical", 105000)))
     tree.battery(status="Charging", capacity=15)
     tree.mains(online=1)
-    tree.cpus(2)
+    tree.cpus(4)
     tree.meminfo(total_kb=16_000_000, available_kb=12_000_000)
     tree.psi(0.0, 0.0)
     return tree
