@@ -97,6 +97,9 @@ def simulate(
 
     sensors, engine = SimulatedDevice(world, clock), SimulatedEngine(world, clock)
     loop = GovernorLoop(sensors, decider, engine, clock, listeners=[listen])
+    for event in workload.event:
+        if event.plugged is not None:  # a power_supply uevent: the daemon ticks at once (udev), so does the lab
+            clock.call_at(event.at_s, loop.wake.set)
     loop.run(stop)
     summary = summarize(world, policy_name, workload.name, len(states) - 1)
     return Run(summary=summary, series=world.series, states=states, ticks=ticks)

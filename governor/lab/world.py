@@ -76,9 +76,9 @@ class World:
         dt = self.dt
         while self.t + dt <= t + 1e-9:
             self._step(dt)
+        self._events(t)  # an event between grid points is seen by a tick it woke (up to a step early)
 
-    def _step(self, h: float) -> None:
-        t = self.t
+    def _events(self, t: float) -> None:
         for event in self.driver.events(t):
             if event.plugged is not None:
                 self.plugged = event.plugged
@@ -86,6 +86,10 @@ class World:
                 self.other_apps_bytes = int(event.other_apps_mb * MB)
             if event.ambient_c is not None:
                 self.thermal.set_ambient(event.ambient_c)
+
+    def _step(self, h: float) -> None:
+        t = self.t
+        self._events(t)
         engine = self.engine
         for request in self.driver.arrivals(t):
             engine.submit(request)

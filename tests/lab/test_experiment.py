@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from functools import cache
 
 import pytest
@@ -12,7 +13,9 @@ import policies
 from governor.lab.deciders import NONE, Ungoverned, decider_for, load_policy
 from governor.lab.device import load_device
 from governor.lab.experiment import Run, simulate
-from governor.lab.workload import load_workload
+from governor.lab.workload import EventSpec, PhaseSpec, WorkloadSpec, load_workload
+from policies.decision import Decision, Hold
+from sensors.snapshot import EngineObservation, Snapshot
 
 LONG_CHAT = load_workload("long-chat")
 SHIPPED = [("raspberry-pi-5", "raspberry-pi"), ("phone", "android-termux"), ("fanless-laptop", "fanless-laptop")]
@@ -88,3 +91,22 @@ MEMORY_BOUND = pytest.mark.xfail(reason="memory-bound decode: kernel DVFS alone 
 def test_shipped_policy_generates_more_tokens_than_none(device_name: str, policy_name: str) -> None:
     governed, ungoverned = run(device_name, policy_name).summary, run(device_name, NONE).summary
     assert governed.tokens > ungoverned.tokens, (governed, ungoverned)
+
+
+def test_plugging_the_charger_wakes_the_loop_at_once_like_a_uevent() -> None:
+    device = load_device("phone")
+    workload = WorkloadSpec(
+        name="plug", phase=(PhaseSpec(kind="idle", duration_s=60),), event=(EventSpec(at_s=20.3, plugged=True),)
+    )
+    seen: list[tuple[float, bool | None]] = []
+
+    class Recorder(Ungoverned):
+        def decide(
+            self, snapshot: Snapshot, engine: EngineObservation | None, t: float, holds: Sequence[Hold] = ()
+        ) -> Decision:
+            seen.append((t, snapshot.battery.plugged if snapshot.battery else None))
+            return super().decide(snapshot, engine, t, holds)
+
+    simulate(device, Recorder(device), workload, policy_name="recorder")
+    assert (20.3, True) in seen  # a tick at the event's time (ticks are otherwise at whole seconds) sees it
+    assert all(plugged is False for t, plugged in seen if t < 20.3)
