@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -60,6 +61,19 @@ def policy_loader(ladder: ModelLadder, ladder_file: Path) -> Callable[[str], Dec
     return load
 
 
+def uevent_handler(sensors: object, wake: threading.Event) -> Callable[[UdevEvent], None]:
+    """A charger plugged or a zone crossing a trip: tick now. Called on pyudev's thread, so it only sets flags."""
+
+    def on_uevent(event: UdevEvent) -> None:
+        if event.action in ("add", "remove"):
+            invalidate = getattr(sensors, "invalidate", None)  # a supply or zone came or went: rediscover
+            if invalidate is not None:
+                invalidate()
+        wake.set()
+
+    return on_uevent
+
+
 def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str, str] | None = None) -> Daemon:
     clock = clock if clock is not None else RealClock()
     env = os.environ if env is None else env
@@ -107,12 +121,7 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
     loop = GovernorLoop(sensors, decider, engine, clock, holds=holds.in_force)
     loop_ref.append(loop)
 
-    def on_uevent(event: UdevEvent) -> None:
-        if event.action in ("add", "remove") and hasattr(sensors, "invalidate"):
-            sensors.invalidate()  # a supply or zone came or went: rediscover before the next sample
-        loop.wake.set()
-
-    events = UdevEvents(on_uevent) if config.udev else None
+    events = UdevEvents(uevent_handler(sensors, loop.wake)) if config.udev else None
     metrics = DaemonMetrics(
         textfile=config.metrics_textfile,
         extra=lambda: {

@@ -16,6 +16,7 @@ import structlog
 from governor.daemon.supervisor import EngineSupervisor
 from governor.errors import GovernorError
 from policies.decision import EngineConfig
+from sensors.procstats import ProcessStats
 from sensors.snapshot import EngineObservation
 
 
@@ -60,12 +61,22 @@ class SupervisedEngine:
         self._cond = threading.Condition()
         self._next: EngineConfig | None = None
         self._stopping = False
+        self._stats: ProcessStats | None = None
         self._thread = threading.Thread(target=self._apply_latest, name="engine-applier", daemon=True)
         self._thread.start()
         self._log = structlog.get_logger("governor.engine")
 
     def observe(self) -> EngineObservation | None:
-        return self.link.observe() if self.supervisor.ready else None
+        if not self.supervisor.ready:
+            return None
+        observed = self.link.observe()
+        pid = self.supervisor.pid
+        if observed is not None and observed.rss_bytes is None and pid is not None:
+            # An engine that does not report its RSS: read it from outside (psutil), one ProcessStats per child.
+            if self._stats is None or self._stats.pid != pid:
+                self._stats = ProcessStats(pid)
+            observed = observed.model_copy(update={"rss_bytes": self._stats.sample().rss_bytes})
+        return observed
 
     def apply(self, config: EngineConfig) -> None:
         self.supervisor.want(config)  # the first decision starts the engine with its settings

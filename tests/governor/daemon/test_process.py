@@ -133,6 +133,19 @@ def test_a_hold_lasts_until_its_client_dies(daemon: DaemonProc) -> None:
     assert shown.returncode == 0
     assert "released (ttl)" in shown.stdout
 
+    # `hot` overrides a hold that asks for more: "performance for this chat" does not cook the device.
+    argv[argv.index("--max-threads") : argv.index("--max-threads") + 2] = ["idle"]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as holder:
+        try:
+            assert holder.stdout is not None
+            holder.stdout.readline()
+            eventually(lambda: len(daemon.status()["holds"]) == 1)
+            daemon.tree.write("sys/class/thermal/thermal_zone0/temp", 95000)
+            eventually(lambda: daemon.status()["state"] == "hot")
+            eventually(lambda: daemon.engine_threads() <= 2)
+        finally:
+            holder.kill()
+
 
 def test_clients_status_why_record_metrics(daemon: DaemonProc, tmp_path: Path) -> None:
     table = cli(daemon, "status")

@@ -1,0 +1,95 @@
+"""The small pieces the composition root wires: uevents wake the loop, metrics, the engine's RSS from outside."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+
+from governor.clock import RealClock
+from governor.daemon.app import uevent_handler
+from governor.daemon.engine import SupervisedEngine
+from governor.daemon.metrics import DaemonMetrics
+from governor.daemon.supervisor import EngineSupervisor, RestartPolicy
+from policies.decision import Decision, EngineConfig, State
+from policies.ladder import ModelLadder, ModelTier
+from sensors.events import UdevEvent
+from sensors.sampler import SensorSampler
+from sensors.snapshot import Battery, EngineObservation, Snapshot, Temperature
+from tests.helpers import eventually
+from tests.sensors.tree import FakeTree
+
+CFG = EngineConfig(threads=3, n_ctx=1024, model="large", max_tokens_per_s=6.0)
+HOT = Decision(t=1.0, state=State.HOT, engine=CFG, reason="hot: 81 °C", rule="thermal.enter", changed=True)
+
+
+def test_a_uevent_wakes_the_loop_and_a_new_supply_is_discovered(tmp_path: Path) -> None:
+    tree = FakeTree(tmp_path)
+    tree.battery(status="Discharging", capacity=50)
+    sampler = SensorSampler(tmp_path, cpu_util=None)
+    assert sampler.sample().battery is not None
+    wake = threading.Event()
+    handler = uevent_handler(sampler, wake)
+    tree.mains(online=1)  # the charger appears: a new power_supply device
+    handler(UdevEvent(action="add", subsystem="power_supply", name="AC"))
+    assert wake.is_set()
+    battery = sampler.sample().battery
+    assert battery is not None
+    assert battery.plugged is True  # rediscovered at once, not after the 30 s rediscovery period
+
+
+def test_metrics_text_and_textfile(tmp_path: Path) -> None:
+    textfile = tmp_path / "node/governor.prom"
+    metrics = DaemonMetrics(textfile=textfile, extra=lambda: {"engine_starts": 2.0})
+    snapshot = Snapshot(
+        temperatures=(Temperature(source="thermal_zone0", kind="thermal_zone", label="cpu-thermal", temp_c=81.5),),
+        battery=Battery(percent=40.0, charging=False, plugged=False, power_w=3.0, temp_c=30.0, source="sysfs:BAT0"),
+    )
+    metrics.on_tick(10.0, snapshot, EngineObservation(busy=True, tokens_per_s=7.5, rss_bytes=123), HOT)
+    text = metrics.text()
+    assert 'governor_state{state="hot"} 1.0' in text
+    assert 'governor_state{state="idle"} 0.0' in text
+    assert "governor_engine_threads 3.0" in text
+    assert "governor_engine_max_tokens_per_s 6.0" in text
+    assert 'governor_engine_model{model="large"} 1.0' in text
+    assert "governor_engine_tokens_per_second 7.5" in text
+    assert 'governor_temperature_celsius{label="cpu-thermal",source="thermal_zone0"} 81.5' in text
+    assert "governor_battery_percent 40.0" in text
+    assert "governor_decision_changes_total 1.0" in text
+    assert 'governor_supervisor{figure="engine_starts"} 2.0' in text
+    assert textfile.read_text() == text  # node_exporter's textfile collector reads the same
+    assert DaemonMetrics().text() != text  # each daemon has its own registry
+
+
+class NoRssEngine:
+    def observe(self) -> EngineObservation:
+        return EngineObservation(busy=False)
+
+    def apply(self, config: EngineConfig) -> None:
+        del config
+
+
+def test_engine_rss_is_read_from_outside_when_the_engine_does_not_say() -> None:
+    ladder = ModelLadder(tier=(ModelTier(name="large", path=Path("large.gguf")),))
+    supervisor = EngineSupervisor(
+        command=lambda _cfg: [sys.executable, "-c", "import time; time.sleep(60)"],
+        ready=lambda _t: True,
+        configure=lambda _cfg: None,
+        ladder=ladder,
+        restart=RestartPolicy(),
+        clock=RealClock(),
+    )
+    engine = SupervisedEngine(NoRssEngine(), supervisor)
+    try:
+        assert engine.observe() is None  # nothing started yet
+        engine.apply(CFG)
+        observed = eventually(engine.observe)
+        assert observed is not None
+        assert observed.rss_bytes is not None
+        assert observed.rss_bytes > 1 << 20
+        assert supervisor.pid is not None
+        assert supervisor.pid != os.getpid()
+    finally:
+        supervisor.stop(5.0)
+        engine.close()
