@@ -62,9 +62,16 @@ def _zone_temp(record: TraceRecord, label: str) -> float | None:
     return next((z.temp_c for z in record.temperatures if z.label == label and z.temp_c is not None), None)
 
 
-def samples_of(records: list[TraceRecord], device: DeviceSpec, threads: int | None = None) -> tuple[Samples, str]:
-    die_label = next((z.label for z in device.zone if z.node == "die"), None)
-    case_label = next((z.label for z in device.zone if z.node == "case"), None)
+def samples_of(
+    records: list[TraceRecord],
+    device: DeviceSpec,
+    threads: int | None = None,
+    die_zone: str | None = None,
+    case_zone: str | None = None,
+) -> tuple[Samples, str]:
+    """Die (and case) temperatures and power per record; zones by label, default the device file's die/case zones."""
+    die_label = die_zone or next((z.label for z in device.zone if z.node == "die"), None)
+    case_label = case_zone or next((z.label for z in device.zone if z.node == "case"), None)
     p, cpu = device.power, device.cpu
     threads = threads or cpu.cores
     t, power, die, case, sources = [], [], [], [], set()
@@ -89,7 +96,11 @@ def samples_of(records: list[TraceRecord], device: DeviceSpec, threads: int | No
         case_c = _zone_temp(r, case_label) if case_label else None
         case.append(np.nan if case_c is None else case_c)
     if len(t) < 10:
-        raise CalibrationError(f"the trace has {len(t)} samples of zone {die_label!r}; calibration needs at least 10")
+        labels = sorted({z.label for r in records for z in r.temperatures})
+        raise CalibrationError(
+            f"the trace has {len(t)} samples of zone {die_label!r} (calibration needs 10; its zones: "
+            f"{', '.join(labels) or 'none'}); name the die zone with --zone"
+        )
     case_arr = np.array(case)
     return (
         Samples(np.array(t), np.array(power), np.array(die), None if np.isnan(case_arr).all() else case_arr),
@@ -141,8 +152,14 @@ def fit(samples: Samples, start: DeviceSpec) -> tuple[ThermalSpec, float, float]
     return spec, ambient, rmse
 
 
-def calibrate(records: list[TraceRecord], start: DeviceSpec, threads: int | None = None) -> Fit:
-    samples, source = samples_of(records, start, threads)
+def calibrate(
+    records: list[TraceRecord],
+    start: DeviceSpec,
+    threads: int | None = None,
+    die_zone: str | None = None,
+    case_zone: str | None = None,
+) -> Fit:
+    samples, source = samples_of(records, start, threads, die_zone, case_zone)
     spec, ambient, rmse = fit(samples, start)
     return Fit(thermal=spec, ambient_c=ambient, rmse_c=rmse, samples=len(samples.t), power_source=source)
 

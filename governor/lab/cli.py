@@ -38,6 +38,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c.add_argument("trace", type=Path, metavar="TRACE")
     c.add_argument("--device", default="raspberry-pi-5", help="the device file to start from (power model, zones)")
     c.add_argument("--threads", type=int, help="engine threads while busy, when the trace has no CPU utilisation")
+    c.add_argument("--zone", metavar="LABEL", help="the die's zone in the trace (default: the device file's)")
+    c.add_argument("--case-zone", metavar="LABEL", help="a case/skin zone in the trace, fitted too when given")
     c.add_argument("--out", type=Path, metavar="DEVICE.toml", help="write the calibrated device file here")
     c.set_defaults(func=_calibrate)
 
@@ -113,7 +115,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     _quiet(args)
     base_path = resolve("devices", args.device)
     device = load_device(base_path)
-    result = calibrate(read_trace(args.trace), device, args.threads)
+    result = calibrate(read_trace(args.trace), device, args.threads, args.zone, args.case_zone)
     th = result.thermal
     print(
         f"fitted to {result.samples} samples (power from the {result.power_source}): RMSE {result.rmse_c:.2f} °C\n"

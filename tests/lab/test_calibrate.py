@@ -54,3 +54,15 @@ def test_a_bad_trace_line_is_one_clear_error(tmp_path: Path, capsys: pytest.Capt
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"governor: error: {trace}:2: t:")
     assert "\n" not in err
+
+
+def test_a_trace_without_the_die_zone_names_the_zones_it_has(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "phone.jsonl"
+    record("phone", trace)
+    assert main(["calibrate", str(trace), "--device", "raspberry-pi-5"]) == 2
+    err = capsys.readouterr().err
+    assert "0 samples of zone 'cpu-thermal'" in err
+    assert "its zones: cpu-0-0-usr, skin-therm" in err
+    assert main(["calibrate", str(trace), "--device", "raspberry-pi-5", "--zone", "cpu-0-0-usr"]) == 0
