@@ -76,6 +76,8 @@ def default_dirs(env: Mapping[str, str] | None = None, euid: int | None = None) 
 def default_config_file(env: Mapping[str, str] | None = None, euid: int | None = None) -> Path:
     env = os.environ if env is None else env
     euid = os.geteuid() if euid is None else euid
+    if env.get("CONFIGURATION_DIRECTORY"):  # systemd's ConfigurationDirectory= (a DynamicUser is not root)
+        return Path(env["CONFIGURATION_DIRECTORY"].split(":")[0]) / "governor.toml"
     if euid == 0:
         return Path("/etc/governor/governor.toml")
     base = env.get("XDG_CONFIG_HOME") or str(Path(env.get("HOME", "/")) / ".config")

@@ -33,6 +33,14 @@ def test_systemd_directories_win() -> None:
     assert default_dirs(env, euid=61000) == (Path("/run/governor"), Path("/var/lib/private/governor"))
 
 
+def test_the_service_reads_its_configuration_directory(tmp_path: Path) -> None:
+    (tmp_path / "governor.toml").write_text('policy = "raspberry-pi"\n')
+    env = {"CONFIGURATION_DIRECTORY": str(tmp_path), "RUNTIME_DIRECTORY": "/run/governor", "HOME": "/"}
+    cfg = load_config(None, env=env, euid=61234)  # DynamicUser: not root, no home
+    assert cfg.policy == "raspberry-pi"
+    assert cfg.control_socket == Path("/run/governor/control.sock")
+
+
 def test_file_then_command_line(tmp_path: Path) -> None:
     f = tmp_path / "governor.toml"
     f.write_text('policy = "raspberry-pi"\ngroup = "governor"\n[restart]\nmax_failures = 3\ninitial_s = 0.5\n')
