@@ -79,10 +79,10 @@ def initial(args: argparse.Namespace) -> tuple[dict[str, ModelSpec], Settings]:
             raise EngineError("--tier needs --models LADDER.toml")
         if not args.model.is_file():
             raise EngineError(f"--model {args.model}: no such file")
-        models = single_model(args.model, args.ctx or 2048)
+        models = single_model(args.model, args.ctx if args.ctx is not None else 2048)
         name = next(iter(models))
     spec = models[name]
-    n_ctx = args.ctx or spec.default_ctx
+    n_ctx = args.ctx if args.ctx is not None else spec.default_ctx
     if spec.max_ctx is not None and n_ctx > spec.max_ctx:
         raise EngineError(f"--ctx {n_ctx}: tier {name!r} allows at most {spec.max_ctx}")
     if n_ctx < 64:
@@ -92,7 +92,7 @@ def initial(args: argparse.Namespace) -> tuple[dict[str, ModelSpec], Settings]:
         check_kv(spec, kv)
     except ConfigRefused as exc:
         raise EngineError(f"--kv {kv}: {exc.message}") from exc
-    threads = args.threads or default_threads()
+    threads = args.threads if args.threads is not None else default_threads()
     if threads < 1:
         raise EngineError(f"--threads {threads}: at least 1")
     cap = args.max_tokens_per_s

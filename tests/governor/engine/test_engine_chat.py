@@ -1,0 +1,112 @@
+"""Prompt fitting, stop sequences and request validation, in-process on the small demo model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from governor.engine.chat import ChatRequest, PromptTooLong, TextStream, fit
+from governor.engine.config import ConfigChange, ConfigRefused, Settings, models_from_ladder, resolve
+from governor.engine.model import LoadedModel
+from policies.ladder import load_ladder
+
+
+@pytest.fixture(scope="module")
+def small(demo_ladder: Path) -> Iterator[LoadedModel]:
+    models = models_from_ladder(load_ladder(demo_ladder))
+    model = LoadedModel(models["small"], Settings("small", 256, "f16", 1, None))
+    yield model
+    model.close()
+
+
+def turns(n: int) -> list[dict[str, str]]:
+    msgs = [{"role": "system", "content": "sys prompt"}]
+    for i in range(n):
+        msgs += [
+            {"role": "user", "content": f"question {i} " * 5},
+            {"role": "assistant", "content": f"answer {i} " * 5},
+        ]
+    return [*msgs, {"role": "user", "content": "the last question"}]
+
+
+def test_prompt_is_rendered_with_the_models_chat_template(small: LoadedModel) -> None:
+    text = small.render([{"role": "user", "content": "hi"}])
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    tokens = small.encode(text, prompt=True)
+    assert small.llm.tokenize(b"<|im_start|>", add_bos=False, special=True)[0] == tokens[0]
+
+
+def test_fit_keeps_everything_that_fits(small: LoadedModel) -> None:
+    fitted = fit(small, turns(1), 256, answer_room=16)
+    assert fitted.trimmed_messages == 0
+    assert fitted.tokens == small.encode(small.render(turns(1)), prompt=True)
+
+
+def test_fit_drops_oldest_whole_turns_keeping_system_and_last(small: LoadedModel) -> None:
+    msgs = turns(10)
+    fitted = fit(small, msgs, 256, answer_room=32)
+    assert fitted.trimmed_messages > 0
+    assert fitted.trimmed_messages % 2 == 0
+    kept = [msgs[0], *msgs[1 + fitted.trimmed_messages :]]
+    assert fitted.tokens == small.encode(small.render(kept), prompt=True)
+    assert len(fitted.tokens) + 32 <= 256
+    one_more = [msgs[0], *msgs[1 + fitted.trimmed_messages - 2 :]]
+    assert len(small.encode(small.render(one_more), prompt=True)) + 32 > 256  # the most recent turns that fit
+
+
+def test_fit_counts_the_answer_so_far(small: LoadedModel) -> None:
+    without = fit(small, turns(4), 256, answer_room=16)
+    with_answer = fit(small, turns(4), 256, answer_room=16, answer_so_far="partial answer " * 20)
+    assert with_answer.trimmed_messages > without.trimmed_messages
+
+
+def test_a_last_message_that_cannot_fit_is_refused(small: LoadedModel) -> None:
+    with pytest.raises(PromptTooLong, match="context holds 256"):
+        fit(small, [{"role": "user", "content": "word " * 300}], 256, answer_room=16)
+
+
+def test_text_stream_holds_back_a_possible_stop_sequence() -> None:
+    ts = TextStream(["STOP"])
+    assert ts.push(b"hello S") == "hello "
+    assert ts.push(b"T") == ""
+    assert ts.push(b"ar") == "STar"
+    assert ts.push(b" then ST") == " then "
+    assert ts.push(b"OP and more") == ""
+    assert ts.stopped
+    assert ts.text == "hello STar then "
+    assert ts.flush() == ""
+
+
+def test_text_stream_joins_split_utf8() -> None:
+    ts = TextStream([])
+    snowman = "☃".encode()
+    assert ts.push(snowman[:1]) == ""
+    assert ts.push(snowman[1:]) == "☃"
+    assert ts.flush() == ""
+
+
+def test_request_fields_are_strictly_typed() -> None:
+    ok = ChatRequest.model_validate_json(
+        '{"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}],'
+        ' "temperature": 0, "stop": "x", "unknown_field": 1}'
+    )
+    assert ok.messages[0].text() == "a"
+    assert ok.stops() == ["x"]
+    with pytest.raises(ValidationError):
+        ChatRequest.model_validate_json('{"model": "m", "messages": [{"role": "user", "content": "a"}], "top_k": "4"}')
+
+
+def test_config_change_resolution(demo_ladder: Path) -> None:
+    models = models_from_ladder(load_ladder(demo_ladder))
+    now = Settings("large", 2048, "f16", 2, 5.0)
+    assert resolve(now, ConfigChange.model_validate({"max_tokens_per_s": None}), models).max_tokens_per_s is None
+    assert resolve(now, ConfigChange.model_validate({"threads": 1}), models).max_tokens_per_s == 5.0
+    swapped = resolve(now, ConfigChange.model_validate({"model": "small", "kv_type": "q4_0"}), models)
+    assert now.needs_reload(swapped)
+    assert not now.needs_reload(resolve(now, ConfigChange.model_validate({"threads": 1}), models))
+    with pytest.raises(ConfigRefused) as refused:
+        resolve(now, ConfigChange.model_validate({"model": "tiny"}), models)
+    assert refused.value.status == 404
