@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 DEMO    := demo-models
-SYSPKGS := umockdev gir1.2-umockdev-1.0 systemd stress-ng
+SYSPKGS := umockdev gir1.2-umockdev-1.0 python3-gi systemd stress-ng
 
 .PHONY: setup system-deps run test lint pytest bench clean
 
@@ -20,7 +20,7 @@ setup: $(STAMP)
 # Debian packages the tests use for real: umockdev (udev uevents), systemd-analyze (unit verification), stress-ng.
 # Installed only when missing and only where we are root with apt-get; otherwise those tests say why they skip.
 system-deps:
-	@if ! command -v umockdev-run >/dev/null || ! command -v systemd-analyze >/dev/null; then \
+	@if ! command -v umockdev-run >/dev/null || ! command -v systemd-analyze >/dev/null || ! /usr/bin/python3 -c "import gi" 2>/dev/null; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(SYSPKGS) >/dev/null; \
 	  else echo "system-deps: not root or no apt-get; udev and systemd-analyze tests will skip"; fi; \
