@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import socket
 import stat
 from pathlib import Path
@@ -45,12 +46,12 @@ def test_other_file_is_never_removed(tmp_path: Path) -> None:
     assert path.read_text() == "keep me"
 
 
-def parse(*argv: str) -> object:
+def parse(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(["engine", "--socket", "/tmp/x.sock", *argv])
 
 
 def test_defaults_come_from_the_tier(demo_ladder: Path) -> None:
-    models, settings = initial(parse("--models", str(demo_ladder), "--tier", "small"))  # type: ignore[arg-type]
+    models, settings = initial(parse("--models", str(demo_ladder), "--tier", "small"))
     assert set(models) == {"large", "medium", "small"}
     assert (settings.model, settings.n_ctx, settings.kv_type, settings.max_tokens_per_s) == (
         "small",
