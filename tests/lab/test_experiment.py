@@ -110,3 +110,14 @@ def test_plugging_the_charger_wakes_the_loop_at_once_like_a_uevent() -> None:
     simulate(device, Recorder(device), workload, policy_name="recorder")
     assert (20.3, True) in seen  # a tick at the event's time (ticks are otherwise at whole seconds) sees it
     assert all(plugged is False for t, plugged in seen if t < 20.3)
+
+
+def test_ungoverned_is_oom_killed_when_other_apps_take_memory_and_the_policy_shrinks_in_time() -> None:
+    device, squeeze = load_device("phone"), load_workload("memory-squeeze")
+    ungoverned = simulate(device, Ungoverned(device), squeeze, policy_name=NONE).summary
+    governed = simulate(
+        device, decider_for(load_policy("android-termux"), device), squeeze, policy_name="android-termux"
+    ).summary
+    assert ungoverned.oom_kills >= 10  # the 3B model at full context no longer fits: killed at every restart
+    assert governed.oom_kills == 0
+    assert governed.tokens > ungoverned.tokens
