@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from governor.lab.device import ThermalSpec
 from governor.lab.thermal import StepWise, ThermalModel
@@ -91,3 +93,18 @@ def test_step_wise_respects_each_trips_deepest_state_and_takes_the_deepest_targe
     # a second zone's trip drives the same cooling device
     two = StepWise([(0, 80.0, 3.0, 5), (1, 43.0, 3.0, 5)], n_zones=2)
     assert [two.poll([60.0, temp]) for temp in (42.0, 43.5, 44.0)] == [0, 1, 2]
+
+
+@given(
+    powers=st.lists(st.floats(min_value=0.0, max_value=20.0), min_size=1, max_size=60),
+    step_s=st.floats(min_value=0.001, max_value=600.0),
+)
+def test_any_power_sequence_at_any_step_stays_between_ambient_and_the_hottest_steady_state(
+    powers: list[float], step_s: float
+) -> None:
+    model = ThermalModel(SPEC, ambient_c=25.0)
+    ceiling = 25.0 + max(powers) * (1.5 + 7.8)
+    for p in powers:
+        model.step(p, step_s)
+        assert 25.0 - 1e-9 <= model.case_c <= model.die_c + 1e-9  # heat flows die -> case -> air
+        assert model.die_c <= ceiling + 1e-9
