@@ -121,10 +121,8 @@ class Governor:
 
         active = self._in_force(pin, sense, prev, t)
         caps = [h.max_threads for h in live if h.max_threads is not None]
-        cores = snapshot.cpu.count
-        threads_cap = [cores] if cores else []  # more threads than online CPUs only makes llama.cpp wait
         rate_caps = [h.max_tokens_per_s for h in live if h.max_tokens_per_s is not None]
-        threads = min([lim.threads for lim in active] + caps + threads_cap)
+        threads = min([lim.threads for lim in active] + caps)
         rates = [lim.rate for lim in active if lim.rate is not None] + rate_caps
         rate = min(rates) if rates else None
         threads, rate = self._recover(threads, rate, prev, t)

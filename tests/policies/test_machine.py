@@ -288,11 +288,3 @@ def test_kernel_throttling_is_named_while_hot(policy: Policy) -> None:
     assert d.state == State.HOT
     assert d.readings["cpu_throttled"] is True
     assert "already throttled by the kernel" in d.reason
-
-
-def test_never_more_threads_than_online_cpus(policy: Policy) -> None:
-    from sensors.snapshot import Cpu
-
-    gov = Governor(policy)
-    two_cores = snap(50.0).model_copy(update={"cpu": Cpu(freq_ratio=1.0, throttled=False, count=2)})
-    assert gov.decide(two_cores, IDLE, 0.0).engine.threads == 2
