@@ -41,7 +41,7 @@ def best_of(repeat: int, run: Callable[[], None]) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args()
+    args, _unknown = parser.parse_known_args()  # run_all.py passes its arguments to every bench
     logs.configure(level=logging.WARNING)  # the loop logs each state change; a terminal would dominate the timing
     workload = load_workload("long-chat")
     sim_s = workload.duration_s
