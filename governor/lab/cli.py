@@ -12,14 +12,17 @@ from governor.errors import GovernorError
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from governor.lab.files import shipped
+
+    devices, workloads = ", ".join(shipped("devices")), ", ".join(shipped("workloads"))
     p = sub.add_parser(
         "simulate",
         help="run a policy on a simulated device and workload (virtual time)",
         description="Run the daemon's loop and a policy against a simulated device on a virtual clock.",
     )
-    p.add_argument("--device", required=True, help="a shipped device (raspberry-pi-5, phone, fanless-laptop) or a file")
+    p.add_argument("--device", required=True, help=f"a shipped device ({devices}) or a file")
     p.add_argument("--policy", required=True, help="a shipped policy, a policy file, or `none` (ungoverned)")
-    p.add_argument("--workload", default="long-chat", help="long-chat (default), burst, idle-day, or a file")
+    p.add_argument("--workload", default="long-chat", help=f"a shipped workload ({workloads}; default long-chat) or a file")
     p.add_argument("--minutes", type=float, help="simulated minutes (default: the workload's length)")
     p.add_argument("--seed", type=int, help="override the workload's seed")
     p.add_argument("--json", action="store_true", help="print the summary (or one per policy) as JSON")
