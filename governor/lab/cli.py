@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--device", required=True, help=f"a shipped device ({devices}) or a file")
     p.add_argument("--policy", required=True, help="a shipped policy, a policy file, or `none` (ungoverned)")
-    p.add_argument("--workload", default="long-chat", help=f"a shipped workload ({workloads}; default long-chat) or a file")
+    p.add_argument("--workload", default="long-chat", help=f"a shipped workload ({workloads}) or a file")
     p.add_argument("--minutes", type=float, help="simulated minutes (default: the workload's length)")
     p.add_argument("--seed", type=int, help="override the workload's seed")
     p.add_argument("--json", action="store_true", help="print the summary (or one per policy) as JSON")
