@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from governor.errors import GovernorError
-from sensors.snapshot import TraceRecord
+from policies.replay import read_trace
 from tests.governor.daemon.conftest import NotifySocket
 from tests.governor.daemon.daemon_proc import DaemonProc
 from tests.helpers import eventually
@@ -158,7 +158,8 @@ def test_clients_status_why_record_metrics(daemon: DaemonProc, tmp_path: Path) -
     trace = tmp_path / "trace.jsonl"
     rec = cli(daemon, "record", str(trace), "--seconds", "1.5")
     assert rec.returncode == 0, rec.stderr
-    records = [TraceRecord.model_validate_json(line) for line in trace.read_text().splitlines()]
+    with trace.open() as stream:
+        records = list(read_trace(stream, trace))  # what `governor replay` reads
     assert len(records) >= 2
     assert records[0].temperatures[0].temp_c == 45.0
     assert records[0].battery is not None
