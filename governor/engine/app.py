@@ -59,16 +59,22 @@ def validation_error(exc: ValidationError) -> JSONResponse:
 
 
 class _Events:
-    """Worker → loop hand-off for one generation: a deque plus at most one pending wake-up of the loop."""
+    """Worker → loop hand-off for one generation: a deque plus at most one pending wake-up of the loop.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    Not `eager` (a non-streamed answer): text does not wake the loop at all, only the other events do.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, eager: bool) -> None:
         self._loop = loop
+        self._eager = eager
         self._items: deque[tuple[Any, ...]] = deque()
         self._ready = asyncio.Event()
         self._scheduled = False
 
     def __call__(self, event: tuple[Any, ...]) -> None:  # on the worker thread
         self._items.append(event)
+        if not self._eager and event[0] == "text":
+            return
         if not self._scheduled:
             self._scheduled = True
             self._loop.call_soon_threadsafe(self._wake)
@@ -235,7 +241,7 @@ class EngineApp:
                 code="queue_full",
                 headers={"Retry-After": str(retry)},
             )
-        events = _Events(asyncio.get_running_loop())
+        events = _Events(asyncio.get_running_loop(), eager=req.stream)
         job = Job(req, events)
         self.worker.submit(job)
         gone = asyncio.ensure_future(_disconnected(request.receive))

@@ -8,6 +8,7 @@ loop keeps serving while a token is computed.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import jinja2
 import structlog
 
 from governor.engine.chat import ChatRequest, PromptTooLong, TextStream, fit, room_for_answer
@@ -154,8 +156,16 @@ class Worker:
                 self.busy = True
                 try:
                     self._generate(job)
+                except Exception as exc:  # last resort: this job fails, the engine keeps serving
+                    log.exception("engine.generation_crashed")
+                    self.counters.generations_failed += 1
+                    job.sink(("error", 500, f"internal error: {type(exc).__name__}: {exc}", "internal_error"))
                 finally:
                     self.busy = False
+        except BaseException:
+            # Only a model that can be neither rebuilt nor restored gets here: exit so that the daemon restarts us.
+            log.exception("engine.worker_died")
+            os._exit(70)
         finally:
             self._drain()
             self.model.close()
@@ -182,6 +192,10 @@ class Worker:
         except PromptTooLong as exc:
             self.counters.generations_failed += 1
             job.sink(("error", 400, str(exc), "context_length_exceeded"))
+            return
+        except (ValueError, jinja2.TemplateError) as exc:  # the template's raise_exception(), e.g. role order
+            self.counters.generations_failed += 1
+            job.sink(("error", 400, f"the model's chat template refused the messages: {exc}", "invalid_messages"))
             return
         stops = req.stops() + ([m.template_stop] if m.template_stop else [])
         run = _Run(job, messages, list(fitted.tokens), len(fitted.tokens), TextStream(stops))

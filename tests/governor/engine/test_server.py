@@ -148,6 +148,7 @@ BAD_CHAT: list[tuple[bytes, int, str | None]] = [
     (b'{"model": "small", "messages": [{"role": "user", "content": "hi"}], "stop": ["a","b","c","d","e"]}', 400, None),
     (b'{"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]}', 404, "model_not_found"),
     (b"[1, 2]", 400, None),
+    (b'{"model": "small", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', 400, None),
 ]
 
 
