@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from governor.daemon.client import ControlClient
+from policies import load_policy
 from tests.governor.daemon.daemon_proc import TEST_POLICY
 from tests.helpers import eventually
 from tests.sensors.test_events import SYSTEM_PYTHON, umockdev_missing
@@ -37,6 +38,9 @@ def test_pulling_the_charger_is_seen_at_once(tmp_path: Path, sock_dir: Path, dem
         pytest.skip(reason)
     policy = tmp_path / "policy.toml"
     policy.write_text(slow_policy())
+    loaded = load_policy(policy)
+    assert loaded.timing.interval_s == loaded.timing.mitigating_interval_s == LONG_TICK_S  # the edit took
+    assert loaded.battery.enter_debounce_s == 0.0
     control = sock_dir / "c.sock"
     argv = [
         sys.executable, "-m", "governor", "--log-json", "run", "--root", "@ROOT@", "--policy", str(policy),
