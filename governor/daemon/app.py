@@ -107,7 +107,9 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
     holds = HoldRegistry(on_change=wake)
 
     supervisor = EngineSupervisor(
-        command=lambda cfg: engine_command(lpath, config.engine_socket, cfg, drain_s=config.drain_timeout_s),
+        command=lambda cfg: engine_command(
+            lpath, config.engine_socket, cfg, drain_s=config.drain_timeout_s, group_access=config.group is not None
+        ),
         ready=ready,
         configure=client.apply,
         ladder=ladder,

@@ -28,7 +28,9 @@ class EngineLink(Protocol):
     def apply(self, config: EngineConfig) -> None: ...
 
 
-def engine_command(ladder: Path, socket_path: Path, config: EngineConfig, *, drain_s: float = 10.0) -> list[str]:
+def engine_command(
+    ladder: Path, socket_path: Path, config: EngineConfig, *, drain_s: float = 10.0, group_access: bool = False
+) -> list[str]:
     """The child's argv: the engine process of the engine issue, with this decision's settings. On SIGTERM it
     stops accepting and lets the running answer finish for `drain_s`, then stops it at a token boundary."""
     return [
@@ -51,6 +53,8 @@ def engine_command(ladder: Path, socket_path: Path, config: EngineConfig, *, dra
         config.kv_type,
         "--drain-s",
         f"{drain_s:g}",
+        "--socket-mode",
+        "0660" if group_access else "0600",  # the chat socket is as open as the control socket, no more
     ]
 
 

@@ -87,6 +87,7 @@ class DaemonProc:
         config: str = "",
         env: dict[str, str] | None = None,
     ) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
         self.tree = device_tree(workdir / "root")
         self.policy = workdir / "policy.toml"
         self.policy.write_text(policy if policy is not None else TEST_POLICY)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import grp
 import os
 import signal
 import stat
@@ -113,8 +114,26 @@ def test_sd_notify_ready_status_watchdog_stopping(
     assert not d.control.exists()  # restored: its socket is gone
 
 
-def test_a_hold_lasts_until_its_client_dies(daemon: DaemonProc) -> None:
+def test_sockets_are_owner_only_or_group_when_configured(
+    daemon: DaemonProc, tmp_path: Path, sock_dir: Path, demo_ladder: Path
+) -> None:
     assert stat.S_IMODE(os.stat(daemon.control).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(daemon.engine_socket).st_mode) == 0o600
+    group = grp.getgrgid(os.getgid()).gr_name
+    other = sock_dir / "other"
+    other.mkdir()
+    shared = DaemonProc(tmp_path / "g", other, demo_ladder, config=f'group = "{group}"\n')
+    try:
+        shared.wait_ready()
+        for path in (shared.control, shared.engine_socket):
+            st = os.stat(path)
+            assert stat.S_IMODE(st.st_mode) == 0o660, path
+            assert st.st_gid == os.getgid()
+    finally:
+        shared.stop()
+
+
+def test_a_hold_lasts_until_its_client_dies(daemon: DaemonProc) -> None:
     argv = [sys.executable, "-m", "governor", "hold", "--max-threads", "1", "--control-socket", str(daemon.control)]
     with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as holder:
         try:
