@@ -168,13 +168,13 @@ def ratio_line(label: str, num: float, den: float, goal: str) -> str:
 # -- decode ------------------------------------------------------------------------------------------------------
 
 
-def bench_decode(path: Path, name: str, args: argparse.Namespace, tmp: Path) -> None:
+def bench_decode(path: Path, name: str, threads: int, args: argparse.Namespace, tmp: Path) -> None:
     messages = conversation(1)
     body = {"max_tokens": args.tokens, **SAMPLING}
     n_ctx = 2048
     sides: dict[str, Callable[[], Run]] = {}
     with contextlib.ExitStack() as stack:
-        llm = load(path, n_ctx, args.threads)
+        llm = load(path, n_ctx, threads)
         stack.callback(llm.close)
         sides["in-process"] = lambda: measure_stream(
             llm.create_chat_completion(messages=messages, stream=True, **body),  # type: ignore[arg-type]
@@ -184,9 +184,7 @@ def bench_decode(path: Path, name: str, args: argparse.Namespace, tmp: Path) -> 
         try:
             ours = stack.enter_context(
                 served(
-                    our_engine(
-                        tmp / "ours.sock", "--model", str(path), "--ctx", str(n_ctx), "--threads", str(args.threads)
-                    ),
+                    our_engine(tmp / "ours.sock", "--model", str(path), "--ctx", str(n_ctx), "--threads", str(threads)),
                     tmp / "ours.sock",
                 )
             )
@@ -194,9 +192,7 @@ def bench_decode(path: Path, name: str, args: argparse.Namespace, tmp: Path) -> 
         except RuntimeError as exc:
             print(f"  our engine is not available, measuring the others only: {exc}")
         peer = stack.enter_context(
-            served(
-                llama_cpp_server(tmp / "peer.sock"), tmp / "peer.sock", llama_cpp_server_env(path, n_ctx, args.threads)
-            )
+            served(llama_cpp_server(tmp / "peer.sock"), tmp / "peer.sock", llama_cpp_server_env(path, n_ctx, threads))
         )
         sides["llama_cpp.server"] = lambda: measure_stream(peer.stream_chat(messages, model=model, **body), args.tokens)
         for side in sides.values():  # warm up: page in the weights, fill each side's prompt cache
@@ -205,9 +201,7 @@ def bench_decode(path: Path, name: str, args: argparse.Namespace, tmp: Path) -> 
         for _ in range(args.runs):
             for k, side in sides.items():
                 runs[k].append(side())
-    print(
-        f"\ndecode, {name}: {args.tokens} tokens, greedy, {args.threads} threads, n_ctx {n_ctx}, median of {args.runs}"
-    )
+    print(f"\ndecode, {name}: {args.tokens} tokens, greedy, {threads} threads, n_ctx {n_ctx}, median of {args.runs}")
     for k, rs in runs.items():
         each = sorted(r.decode_tps for r in rs)
         finishes = sorted({str(r.finish) for r in rs})
@@ -310,7 +304,7 @@ def cold_baseline(ladder: Path, settings: Mapping[str, Any], messages: Messages,
 
 
 def bench_reconfig(ladder: Path, args: argparse.Namespace, tmp: Path) -> None:
-    messages = conversation(6)
+    messages = conversation(3)  # about 750 tokens: fits n_ctx 1024 with room for the answer, so nothing is trimmed
     sock = tmp / "reconf.sock"
     rows: dict[str, list[tuple[Switch, float]]] = {}
     with served(our_engine(sock, "--models", str(ladder), "--threads", "2"), sock) as client:
@@ -358,38 +352,42 @@ def inproc_rss(*paths: Path) -> int:
     return int(json.loads(out.strip().splitlines()[-1]))
 
 
-def engine_rss(ladder: Path, tmp: Path, switch_to: str | None, start_tier: str | None = None) -> int:
+def engine_rss(ladder: Path, tmp: Path, switch_to: str | None, start_tier: str | None = None) -> tuple[int, int]:
+    """The engine's RSS (as GET /engine/status reports it) after an answer, and again after switching and answering."""
     sock = tmp / "rss.sock"
     args = ["--models", str(ladder), "--threads", "2"] + (["--tier", start_tier] if start_tier else [])
+    hello = [{"role": "user", "content": "hello"}]
     with served(our_engine(sock, *args), sock) as client:
-        client.chat([{"role": "user", "content": "hello"}], model=client.status().model, max_tokens=16, **SAMPLING)
+        client.chat(hello, model=client.status().model, max_tokens=16, **SAMPLING)
+        before = client.status().rss_bytes or 0
         if switch_to is not None:
             client.configure(model=switch_to)
-            client.chat([{"role": "user", "content": "hello"}], model=switch_to, max_tokens=16, **SAMPLING)
-        rss = client.status().rss_bytes
-        assert rss is not None
-        return rss
+            client.chat(hello, model=switch_to, max_tokens=16, **SAMPLING)
+        return before, client.status().rss_bytes or 0
 
 
 def bench_memory(ladder: Path, big_ladder: Path | None, args: argparse.Namespace, tmp: Path) -> None:
     from policies.ladder import load_ladder
 
     print(f"\nmemory: RSS after large -> small ÷ small cold, median of {args.runs}")
-    for name, lad in [("demo ladder", ladder)] + ([("big -> demo small", big_ladder)] if big_ladder else []):
+    mb = 1 << 20
+    for name, lad in [("demo large", ladder)] + ([(BIG.name, big_ladder)] if big_ladder else []):
         tiers = load_ladder(lad)
         large, small = tiers.tiers[0].path, tiers.get("small").path
-        swapped, cold, in_swapped, in_cold = [], [], [], []
+        on_large, swapped, cold, in_swapped, in_cold = [], [], [], [], []
         for _ in range(args.runs):
-            swapped.append(engine_rss(lad, tmp, "small"))
-            cold.append(engine_rss(lad, tmp, None, start_tier="small"))
+            before, after = engine_rss(lad, tmp, "small")
+            on_large.append(before)
+            swapped.append(after)
+            cold.append(engine_rss(lad, tmp, None, start_tier="small")[1])
             in_swapped.append(inproc_rss(large, small))
             in_cold.append(inproc_rss(small))
-        mb = 1 << 20
         print(
-            f"  {name}: engine {median(swapped) / mb:.0f} MB after the swap, {median(cold) / mb:.0f} MB cold; "
-            f"in-process close(): {median(in_swapped) / mb:.0f} MB vs {median(in_cold) / mb:.0f} MB"
+            f"  {name} -> demo small: engine {median(on_large) / mb:.0f} MB on large, {median(swapped) / mb:.0f} MB "
+            f"after the swap, {median(cold) / mb:.0f} MB started on small; in-process Llama.close() then small: "
+            f"{median(in_swapped) / mb:.0f} MB vs {median(in_cold) / mb:.0f} MB small alone"
         )
-        print(ratio_line(f"engine swapped ÷ cold ({name})", median(swapped), median(cold), "<= 1.1"))
+        print(ratio_line(f"engine after the swap ÷ cold ({name})", median(swapped), median(cold), "<= 1.1"))
         print(ratio_line(f"in-process close() ÷ cold ({name})", median(in_swapped), median(in_cold), "-"))
 
 
@@ -397,7 +395,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5, help="interleaved repetitions per figure (median reported)")
     parser.add_argument("--tokens", type=int, default=128, help="tokens to decode per run")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--threads", type=int, nargs="+", default=[1, 2], help="compute threads of the decode comparison (each)"
+    )
     parser.add_argument("--quick", action="store_true", help="skip the larger random model")
     parser.add_argument("--only", choices=["decode", "reconfig", "memory"], help="run one part")
     args = parser.parse_args()
@@ -420,9 +420,12 @@ def main() -> int:
                 f'[[tier]]\nname = "small"\npath = "{small}"\nkv_type = "q8_0"\n'
             )
         if args.only in (None, "decode"):
-            bench_decode(ladder.parent / "demo-large.gguf", "demo-large (150M, Q4_0)", args, tmp)
+            models = [(ladder.parent / "demo-large.gguf", "demo-large (150M, Q4_0)")]
             if not args.quick:
-                bench_decode(tmp / BIG.filename, f"{BIG.name} ({BIG.n_params / 1e6:.0f}M, Q4_0)", args, tmp)
+                models.append((tmp / BIG.filename, f"{BIG.name} ({BIG.n_params / 1e6:.0f}M, Q4_0)"))
+            for path, name in models:
+                for threads in args.threads:
+                    bench_decode(path, name, threads, args, tmp)
         if args.only in (None, "reconfig"):
             bench_reconfig(ladder, args, tmp)
         if args.only in (None, "memory"):
