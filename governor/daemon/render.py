@@ -44,9 +44,10 @@ def status_table(status: dict[str, Any], console: Console, now: float | None = N
     cfg = status.get("config") or {}
     if cfg:
         cap = cfg.get("max_tokens_per_s")
+        threads = f"{cfg['threads']} thread{'' if cfg['threads'] == 1 else 's'}"
         head.add_row(
             "engine config",
-            f"model {cfg['model']}, {cfg['threads']} threads, n_ctx {cfg['n_ctx']}, KV {cfg['kv_type']}, "
+            f"model {cfg['model']}, {threads}, n_ctx {cfg['n_ctx']}, KV {cfg['kv_type']}, "
             f"rate cap {'none' if cap is None else f'{cap:g} tok/s'}",
         )
     eng = status.get("engine")

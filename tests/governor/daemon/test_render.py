@@ -1,0 +1,105 @@
+"""What `governor status` and `governor why` show for the states a user asks about."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+
+from governor.daemon.render import status_table, why_table
+
+NOW = 1_800_000_000.0
+CONFIG = {"threads": 1, "n_ctx": 512, "kv_type": "q4_0", "model": "small", "max_tokens_per_s": 2.0}
+
+
+def shown(status: dict[str, Any]) -> str:
+    console = Console(record=True, width=160)
+    status_table(status, console, now=NOW)
+    return console.export_text()
+
+
+def test_critical_after_the_engine_was_given_up() -> None:
+    text = shown(
+        {
+            "state": "critical",
+            "since": NOW - 90,
+            "reason": "critical: engine failed 5 times in a row, last: engine exited with status 1 after 0.4 s",
+            "config": CONFIG,
+            "engine": None,
+            "policy": {"name": "raspberry-pi", "error": "pi.toml:3: states.idle.threadz: Extra inputs"},
+            "supervisor": {"pid": None, "last_exit": "engine exited with status 1 after 0.4 s", "critical": "gave up"},
+            "holds": [
+                {
+                    "id": 3,
+                    "owner": "pid 42 uid 1000",
+                    "state": "idle",
+                    "max_threads": None,
+                    "max_tokens_per_s": None,
+                    "expires_in_s": 25.0,
+                }
+            ],
+            "readings": {
+                "temperatures": [
+                    {
+                        "source": "thermal_zone0",
+                        "label": "cpu-thermal",
+                        "temp_c": 81.2,
+                        "trips": [{"type": "passive", "temp_c": 80.0}],
+                    }
+                ],
+                "battery": {"source": "sysfs:BAT0", "percent": 12.0, "plugged": False},
+                "memory": {"available_bytes": 300 * 2**20, "psi_some_avg10": 12.5},
+                "cpu": {"freq_ratio": 0.5, "throttled": True},
+                "problems": [{"path": "sys/class/hwmon/hwmon1/temp1_input", "reason": "EIO"}],
+            },
+        }
+    )
+    assert "critical since" in text
+    assert "(90 s ago)" in text
+    assert "engine failed 5 times in a row" in text
+    assert "reload failed: pi.toml:3: states.idle.threadz" in text
+    assert "not answering (engine exited with status 1 after 0.4 s)" in text
+    assert "model small, 1 thread, n_ctx 512, KV q4_0, rate cap 2 tok/s" in text
+    assert "state idle by pid 42 uid 1000, 25 s left" in text
+    assert "81.2 °C" in text
+    assert "passive 80" in text
+    assert "12 %" in text
+    assert "on battery" in text
+    assert "300 MiB" in text
+    assert "PSI some 12.5 %" in text
+    assert "throttled" in text
+    assert "EIO" in text
+
+
+def test_memory_cap_and_a_busy_engine() -> None:
+    text = shown(
+        {
+            "state": "sustained",
+            "since": NOW - 4000,
+            "reason": "sustained: busy 80 % of the last 30 s",
+            "config": {**CONFIG, "max_tokens_per_s": None},
+            "engine": {"busy": True, "tokens_per_s": 21.5, "rss_bytes": 380 * 2**20},
+            "policy": {"name": "default", "error": None},
+            "supervisor": {"pid": 77, "cap": {"model": "medium", "n_ctx": 2048, "reason": "SIGKILL under PSI 60%"}},
+            "holds": [],
+            "readings": {},
+        }
+    )
+    assert "(67 min ago)" in text
+    assert "rate cap none" in text
+    assert "generating, 21.5 tok/s, RSS 380 MiB, pid 77" in text
+    assert "capped at medium/n_ctx 2048: SIGKILL under PSI 60%" in text
+    assert "reload failed" not in text
+
+
+def test_a_daemon_that_has_not_ticked_yet() -> None:
+    assert "starting" in shown({"state": None, "since": None, "reason": None, "config": None, "engine": None})
+
+
+def test_why_lists_decisions_with_their_reasons() -> None:
+    console = Console(record=True, width=160)
+    decision = {"wall": NOW, "state": "hot", "engine": {**CONFIG, "threads": 2}, "reason": "hot: forecast 78.4 °C"}
+    why_table([decision], console)
+    text = console.export_text()
+    assert "small 2t ctx 512 q4_0 ≤2/s" in text
+    assert "hot: forecast 78.4 °C" in text
