@@ -1,0 +1,98 @@
+"""GovernorLoop on a VirtualClock with small fakes: what the daemon and the lab both rely on."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from governor.clock import VirtualClock
+from governor.loop import GovernorLoop
+from policies.decision import Decision, EngineConfig, Hold, State
+from sensors.snapshot import EngineObservation, Snapshot, Temperature
+
+
+class Sensors:
+    def __init__(self) -> None:
+        self.temp_c = 50.0
+
+    def sample(self) -> Snapshot:
+        zone = Temperature(source="thermal_zone0", kind="simulated", label="cpu", temp_c=self.temp_c)
+        return Snapshot(temperatures=(zone,))
+
+
+class Threshold:
+    """Hot above 70 °C: 2 threads, else 4; a hold's max_threads caps it. Ticks every 1 s, 0.25 s when hot."""
+
+    def __init__(self) -> None:
+        self.holds_seen: list[tuple[Hold, ...]] = []
+
+    def decide(
+        self, snapshot: Snapshot, engine: EngineObservation | None, t: float, holds: Sequence[Hold] = ()
+    ) -> Decision:
+        self.holds_seen.append(tuple(holds))
+        temp = snapshot.temperatures[0].temp_c or 0.0
+        hot = temp > 70
+        threads = min([2 if hot else 4, *(h.max_threads for h in holds if h.max_threads)])
+        config = EngineConfig(threads=threads, n_ctx=1024, model="m")
+        state = State.HOT if hot else State.IDLE
+        return Decision(t=t, state=state, engine=config, reason=f"{state.value}: {temp:.0f} °C", rule="r")
+
+    def interval_s(self, decision: Decision) -> float:
+        return 0.25 if decision.state == State.HOT else 1.0
+
+
+class Engine:
+    def __init__(self) -> None:
+        self.applied: list[EngineConfig] = []
+
+    def observe(self) -> EngineObservation:
+        return EngineObservation(busy=True)
+
+    def apply(self, config: EngineConfig) -> None:
+        self.applied.append(config)
+
+
+def test_applies_only_decisions_that_change_the_engine() -> None:
+    sensors, engine = Sensors(), Engine()
+    loop = GovernorLoop(sensors, Threshold(), engine, VirtualClock())
+    loop.tick()
+    loop.tick()
+    sensors.temp_c = 80
+    loop.tick()
+    loop.tick()
+    assert [c.threads for c in engine.applied] == [4, 2]
+
+
+def test_run_waits_the_deciders_interval_and_runs_hooks_between_ticks() -> None:
+    sensors, engine, clock = Sensors(), Engine(), VirtualClock()
+    stop = threading.Event()
+    times: list[float] = []
+    hooks: list[float] = []
+
+    def listener(t: float, _s: Snapshot, _o: EngineObservation | None, _d: Decision) -> None:
+        times.append(t)
+        if len(times) == 3:
+            sensors.temp_c = 80  # hot from the 4th tick: 0.25 s ticks
+        if len(times) == 6:
+            stop.set()
+
+    loop = GovernorLoop(
+        sensors, Threshold(), engine, clock, listeners=[listener], before_tick=[lambda: hooks.append(clock.now())]
+    )
+    loop.run(stop)
+    assert times == [0.0, 1.0, 2.0, 3.0, 3.25, 3.5]
+    assert hooks == times
+
+
+def test_holds_in_force_reach_the_decider_and_wake_cuts_the_wait() -> None:
+    decider, engine, clock = Threshold(), Engine(), VirtualClock()
+    held: list[Hold] = []
+    loop = GovernorLoop(Sensors(), decider, engine, clock, holds=lambda _t: tuple(held))
+    loop.tick()
+    held.append(Hold(owner="pid 1 uid 0", max_threads=1))
+    loop.wake.set()  # what a new hold does: the wait ends at once, no virtual time passes
+    assert clock.wait(loop.wake, 1.0) is True
+    assert clock.now() == 0.0
+    loop.tick()
+    assert decider.holds_seen[-1] == tuple(held)
+    assert [c.threads for c in engine.applied] == [4, 1]
