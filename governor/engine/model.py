@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import gc
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import llama_cpp
@@ -51,6 +52,30 @@ class LoadedModel:
         self.template_stop = self._formatter.eos_token
         self._vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self._buf = ctypes.create_string_buffer(256)
+        self.abort_requested = False
+        self._abort_cb = llama_cpp.ggml_abort_callback(self._should_abort)
+        self._no_cb = llama_cpp.ggml_abort_callback()
+
+    def _should_abort(self, data: object) -> bool:
+        return self.abort_requested
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """A long prompt evaluation that `abort()` can stop between graph nodes (llama_decode then fails).
+
+        Only around prefills: llama.cpp calls the callback at every graph node (hundreds per token), which would
+        cost a few percent of decode speed if it stayed installed.
+        """
+        self.abort_requested = False
+        llama_cpp.llama_set_abort_callback(self.llm.ctx, self._abort_cb, None)
+        try:
+            yield
+        finally:
+            llama_cpp.llama_set_abort_callback(self.llm.ctx, self._no_cb, None)
+
+    def abort(self) -> None:
+        """From any thread: stop the interruptible prefill under way, if any."""
+        self.abort_requested = True
 
     # chat.Tokenizer
     def render(self, messages: Sequence[dict[str, str]]) -> str:

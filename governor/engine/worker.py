@@ -72,6 +72,7 @@ class _Run:
     n_completion: int = 0
     trimmed: int = 0
     gen: Any = None
+    prefilling: bool = True  # the next `next(gen)` evaluates the prompt first
     model_name: str = ""
     finish: str | None = None
 
@@ -90,6 +91,8 @@ class Worker:
         self._wake = threading.Event()  # cuts a rate-cap wait short
         self._stopping = False
         self._emits: deque[float] = deque(maxlen=64)
+        self._run: _Run | None = None  # the generation in progress (read by the loop thread to interrupt it)
+        self._running: Job | None = None
         self.decode_tokens_per_s: float | None = None
         self.generation_s: float | None = None  # recent generation length, for Retry-After
         self._thread = threading.Thread(target=self._loop, name="engine-worker", daemon=True)
@@ -108,11 +111,21 @@ class Worker:
         with self._lock:
             self._pending.append(cj)
         self._wake.set()
+        self._interrupt_prefill()
         self._jobs.put(None)  # wakes an idle worker (a spurious wake-up when busy is harmless)
 
     def cancel(self, job: Job) -> None:
         job.cancelled.set()
         self._wake.set()
+        if self._running is job:
+            self._interrupt_prefill()
+
+    def _interrupt_prefill(self) -> None:
+        """A change, a cancel or a shutdown need not wait for a long prompt evaluation: stop it, then redo it
+        (resuming from the last completed batch) or drop it."""
+        run = self._run
+        if run is not None and run.prefilling:
+            self.model.abort()
 
     def end_answers(self) -> None:
         """Shutting down: the running answer ends at the next token boundary (finish_reason "length", so its
@@ -120,6 +133,7 @@ class Worker:
         self._stopping = True
         self._wake.set()
         self._jobs.put(None)
+        self._interrupt_prefill()
 
     def stop(self, timeout_s: float = 30.0) -> None:
         self.end_answers()
@@ -154,6 +168,7 @@ class Worker:
                     job.sink(("end", "cancelled", _usage(0, 0)))
                     continue
                 self.busy = True
+                self._running = job
                 try:
                     self._generate(job)
                 except Exception as exc:  # last resort: this job fails, the engine keeps serving
@@ -162,6 +177,7 @@ class Worker:
                     job.sink(("error", 500, f"internal error: {type(exc).__name__}: {exc}", "internal_error"))
                 finally:
                     self.busy = False
+                    self._running = self._run = None
         except BaseException:
             # Only a model that can be neither rebuilt nor restored gets here: exit so that the daemon restarts us.
             log.exception("engine.worker_died")
@@ -208,6 +224,7 @@ class Worker:
         started = time.monotonic()
         try:
             run.gen = m.generate(run.ctx_tokens, req.sampling(), req.seed)
+            self._run = run
             self._decode(run)
         except (RuntimeError, ValueError) as exc:  # llama.cpp decode failures surface as these
             log.error("engine.generation_failed", error=str(exc))
@@ -241,12 +258,25 @@ class Worker:
             if (limit is not None and run.n_completion >= limit) or len(run.ctx_tokens) >= m.n_ctx:
                 run.finish = "length"
                 return
+            if run.gen is None:  # a prefill was interrupted and nothing rebuilt the generator
+                run.gen = m.generate(run.ctx_tokens, job.request.sampling(), job.request.seed)
+                run.prefilling = True
             t0 = time.perf_counter()
             try:
-                token = next(run.gen)
+                if run.prefilling:
+                    with m.interruptible():
+                        token = next(run.gen)
+                    run.prefilling = False
+                else:
+                    token = next(run.gen)
             except StopIteration:
                 run.finish = "stop"
                 return
+            except RuntimeError:
+                if not m.abort_requested:
+                    raise
+                run.gen = None  # what to do next (cancel, stop, apply a change) is decided at the top of the loop
+                continue
             t1 = time.perf_counter()
             if run.n_completion:  # the first call also evaluated the prompt
                 self.decode_tokens_per_s = _ewma(self.decode_tokens_per_s, t1 - t0)
@@ -359,6 +389,7 @@ class Worker:
             run.job.sink(("model", m.spec.name))
         m.prefill(run.ctx_tokens)
         run.gen = m.generate(run.ctx_tokens, req.sampling(), req.seed)
+        run.prefilling = False
 
     def _log_trim(self, run: _Run, when: str, delta: int) -> None:
         self.counters.trimmed_messages_total += delta

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -159,3 +160,33 @@ def test_smaller_context_mid_stream_trims_and_continues(engine: Engine) -> None:
     assert trimmed
     assert trimmed[-1] > 0
     assert engine.log_events("engine.trimmed")[-1]["when"] == "reconfig"
+
+
+def long_prompt_on_medium(engine: Engine) -> dict[str, Any]:
+    """A prompt whose evaluation takes seconds: medium tier, one thread, about 1600 tokens."""
+    assert engine.config(model="medium").status_code == 200
+    return {**long_answer(8, user("the quick brown fox " * 140)), "model": "medium"}
+
+
+def test_cancel_during_a_long_prefill_stops_it(engine: Engine) -> None:
+    body = long_prompt_on_medium(engine)
+    before = engine.status()
+    with engine.http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        next(r.iter_lines())  # the role chunk comes before the prompt is evaluated; then hang up
+    eventually(lambda: engine.status()["generations_cancelled"] == before["generations_cancelled"] + 1)
+    after = engine.status()
+    assert after["busy"] is False
+    assert after["tokens_generated_total"] == before["tokens_generated_total"]  # stopped before its first token
+
+
+def test_config_during_a_long_prefill_does_not_wait_for_it(engine: Engine) -> None:
+    body = long_prompt_on_medium(engine)
+    thread, seen = engine.stream_in_thread(body)
+    eventually(lambda: len(seen.chunks) >= 1)  # the role chunk: the prompt is being evaluated now
+    r = engine.config(threads=2)
+    answered = time.monotonic()
+    assert r.json()["applied"] == "live"
+    thread.join(120)
+    assert_complete(seen, 8)
+    assert seen.arrivals[0] > answered  # applied before the first token, not after the prompt evaluation
