@@ -7,6 +7,7 @@ the decision into `critical` with the reason. The policy itself stays pure and u
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import threading
@@ -74,13 +75,33 @@ def step_down(ladder: ModelLadder, config: EngineConfig) -> tuple[str, int] | No
     return None
 
 
-def memory_kill_evidence(returncode: int, snapshot: Snapshot | None, psi_threshold: float) -> str | None:
-    """Why we believe a SIGKILL came from memory: PSI memory pressure at the time (simple, readable everywhere)."""
-    if returncode != -signal.SIGKILL or snapshot is None:
+def read_kernel_log() -> str | None:
+    """`dmesg`, when this user may read it (root outside the hardened unit; ProtectKernelLogs= forbids it there)."""
+    try:
+        done = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=2.0, check=False)
+    except (OSError, subprocess.TimeoutExpired):
         return None
-    some, full = snapshot.memory.psi_some_avg10, snapshot.memory.psi_full_avg10
+    return done.stdout if done.returncode == 0 else None
+
+
+def memory_kill_evidence(
+    returncode: int,
+    pid: int,
+    snapshot: Snapshot | None,
+    psi_threshold: float,
+    kernel_log: Callable[[], str | None] = read_kernel_log,
+) -> str | None:
+    """Why we believe a SIGKILL came from memory: PSI memory pressure at the time (readable everywhere), else the
+    kernel OOM killer's own record of this pid, when the kernel log is readable."""
+    if returncode != -signal.SIGKILL:
+        return None
+    some = snapshot.memory.psi_some_avg10 if snapshot is not None else None
     if some is not None and some >= psi_threshold:
+        full = snapshot.memory.psi_full_avg10 if snapshot is not None else None
         return f"SIGKILL while memory pressure was high (PSI some {some:.0f}%, full {full or 0:.0f}%)"
+    log = kernel_log()
+    if log and re.search(rf"(Killed process {pid}\b|oom-kill:.*\bpid={pid}\b)", log):
+        return "killed by the kernel's OOM killer (kernel log)"
     return None
 
 
@@ -96,12 +117,13 @@ class EngineSupervisor:
         clock: Clock,
         latest_snapshot: Callable[[], Snapshot | None] = lambda: None,
         on_change: Callable[[], None] = lambda: None,
+        kernel_log: Callable[[], str | None] = read_kernel_log,
     ) -> None:
         """`command(config)` is the child's argv; `ready(timeout_s)` waits for its socket; `configure` applies a
         config to a running child (the engine client)."""
         self._command, self._ready, self._configure = command, ready, configure
         self.ladder, self.restart, self.clock = ladder, restart, clock
-        self._latest_snapshot, self._on_change = latest_snapshot, on_change
+        self._latest_snapshot, self._on_change, self._kernel_log = latest_snapshot, on_change, kernel_log
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._retry = threading.Event()
@@ -154,7 +176,7 @@ class EngineSupervisor:
                 self.status.running, self.status.ready, self.status.pid = False, False, None
             if self._stop.is_set():
                 return
-            self._after_exit(returncode, self.clock.now() - started, config)
+            self._after_exit(returncode, proc.pid, self.clock.now() - started, config)
 
     def _wait_ready(self, proc: subprocess.Popen[bytes]) -> bool:
         deadline = self.clock.now() + self.restart.ready_timeout_s
@@ -176,9 +198,11 @@ class EngineSupervisor:
                 return False
         return False
 
-    def _after_exit(self, returncode: int, lived_s: float, config: EngineConfig) -> None:
+    def _after_exit(self, returncode: int, pid: int, lived_s: float, config: EngineConfig) -> None:
         how = f"killed by {signal.Signals(-returncode).name}" if returncode < 0 else f"exited with status {returncode}"
-        evidence = memory_kill_evidence(returncode, self._latest_snapshot(), self.restart.oom_psi_some_avg10)
+        evidence = memory_kill_evidence(
+            returncode, pid, self._latest_snapshot(), self.restart.oom_psi_some_avg10, self._kernel_log
+        )
         with self._lock:
             st = self.status
             st.failures = st.failures + 1 if lived_s < self.restart.stable_s else 1

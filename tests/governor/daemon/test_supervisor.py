@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from governor.clock import RealClock
-from governor.daemon.supervisor import EngineSupervisor, RestartPolicy, SupervisedDecider, step_down
+from governor.daemon.supervisor import (
+    EngineSupervisor,
+    RestartPolicy,
+    SupervisedDecider,
+    memory_kill_evidence,
+    step_down,
+)
 from policies.decision import Decision, EngineConfig, Hold, State
 from policies.ladder import ModelLadder, ModelTier
 from sensors.snapshot import EngineObservation, Memory, Snapshot
@@ -48,6 +54,7 @@ class Harness:
         self.started: list[EngineConfig] = []
         self.configured: list[EngineConfig] = []
         self.snapshot = snapshot
+        self.kernel_log: str | None = None  # dmesg unreadable, unless a test says otherwise
 
         def command(cfg: EngineConfig) -> list[str]:
             self.started.append(cfg)
@@ -61,6 +68,7 @@ class Harness:
             restart=restart,
             clock=RealClock(),
             latest_snapshot=lambda: self.snapshot,
+            kernel_log=lambda: self.kernel_log,
         )
 
 
@@ -127,6 +135,40 @@ def test_killed_under_memory_pressure_restarts_one_step_smaller() -> None:
         decision = SupervisedDecider(Policy(), h.supervisor).decide(Snapshot(), None, 5.0)
         assert decision.engine.model == "medium"
         assert "capped at medium/n_ctx 2048 (SIGKILL while memory pressure was high" in decision.reason
+    finally:
+        h.supervisor.stop(5.0)
+
+
+OOM_RECORD = """\
+[ 8123.402311] python3 invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE|__GFP_COMP), order=0, oom_score_adj=0
+[ 8123.402990] oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0,global_oom,task_memcg=/,\
+task=python3,pid={pid},uid=0
+[ 8123.403012] Out of memory: Killed process {pid} (python3) total-vm:2345678kB, anon-rss:1234567kB, file-rss:0kB
+"""
+
+
+def test_memory_kill_evidence() -> None:
+    calm = Snapshot(memory=Memory(total_bytes=2**30, available_bytes=2**29, psi_some_avg10=0.5))
+    kill, term = -signal.SIGKILL, -signal.SIGTERM
+    assert memory_kill_evidence(kill, 99, PRESSURE, 10.0, lambda: None) is not None
+    assert memory_kill_evidence(term, 99, PRESSURE, 10.0, lambda: None) is None  # only SIGKILL
+    assert memory_kill_evidence(kill, 99, calm, 10.0, lambda: None) is None
+    record = OOM_RECORD.format(pid=4321)
+    found = memory_kill_evidence(kill, 4321, calm, 10.0, lambda: record)
+    assert found == "killed by the kernel's OOM killer (kernel log)"
+    assert memory_kill_evidence(kill, 432, calm, 10.0, lambda: record) is None  # another process's record
+
+
+def test_an_oom_record_in_the_kernel_log_also_steps_down() -> None:
+    h = Harness(SLEEPER)
+    try:
+        h.supervisor.want(LARGE)
+        pid = ready_pid(h.supervisor)
+        h.kernel_log = OOM_RECORD.format(pid=pid)
+        os.kill(pid, signal.SIGKILL)
+        eventually(lambda: len(h.started) == 2)
+        assert h.started[1].model == "medium"
+        assert "OOM killer" in (h.supervisor.status.last_exit or "")
     finally:
         h.supervisor.stop(5.0)
 
