@@ -40,6 +40,7 @@ class Summary(BaseModel):
     peak_die_c: float
     throttled_pct: float
     state_changes: int
+    state_pct: dict[str, float]  # share of the run spent in each state
     energy_j: float
     j_per_token: float | None
     oom_kills: int
@@ -101,11 +102,20 @@ def simulate(
         if event.plugged is not None:  # a power_supply uevent: the daemon ticks at once (udev), so does the lab
             clock.call_at(event.at_s, loop.wake.set)
     loop.run(stop)
-    summary = summarize(world, policy_name, workload.name, len(states) - 1)
+    summary = summarize(world, policy_name, workload.name, states)
     return Run(summary=summary, series=world.series, states=states, ticks=ticks)
 
 
-def summarize(world: World, policy: str, workload: str, state_changes: int) -> Summary:
+def time_in_states(states: Sequence[tuple[float, str]], end_s: float) -> dict[str, float]:
+    """Percent of [first change, end_s] spent in each state, from the (t, state) change points."""
+    spent: dict[str, float] = {}
+    for (t, state), (t_next, _) in zip(states, [*states[1:], (end_s, "")], strict=True):
+        spent[state] = spent.get(state, 0.0) + max(0.0, t_next - t)
+    total = sum(spent.values())
+    return {k: 100 * v / total for k, v in spent.items()} if total else {}
+
+
+def summarize(world: World, policy: str, workload: str, states: Sequence[tuple[float, str]]) -> Summary:
     stats = world.engine.stats
     energy = world.thermal.energy_in_j
     bat = world.device.battery
@@ -128,7 +138,8 @@ def summarize(world: World, policy: str, workload: str, state_changes: int) -> S
         mean_c=world.sum_limit_c_s / world.t if world.t else world.peak_limit_c,
         peak_die_c=world.peak_die_c,
         throttled_pct=100 * world.throttled_s / world.t if world.t else 0.0,
-        state_changes=max(0, state_changes),
+        state_changes=max(0, len(states) - 1),
+        state_pct=time_in_states(states, world.t),
         energy_j=energy,
         j_per_token=energy / stats.tokens if stats.tokens else None,
         oom_kills=stats.oom_kills,

@@ -28,7 +28,8 @@ def summary_lines(s: Summary) -> list[str]:
         f"temperature          {s.limit_zone}: peak {s.peak_c:.1f} °C, mean {s.mean_c:.1f} °C "
         f"(trip {s.trip_c:.1f} °C); die peak {s.peak_die_c:.1f} °C",
         f"kernel throttling    {s.throttled_pct:.1f} % of the time",
-        f"state changes        {s.state_changes}",
+        f"state changes        {s.state_changes}; time in "
+        + ", ".join(f"{state} {pct:.0f} %" for state, pct in sorted(s.state_pct.items(), key=lambda kv: -kv[1])),
         f"energy               {s.energy_j:,.0f} J, {_num(s.j_per_token, 2)} J/token",
         f"OOM kills            {s.oom_kills}",
         f"battery used         {bat}",

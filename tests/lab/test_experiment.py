@@ -121,3 +121,10 @@ def test_ungoverned_is_oom_killed_when_other_apps_take_memory_and_the_policy_shr
     assert ungoverned.oom_kills >= 10  # the 3B model at full context no longer fits: killed at every restart
     assert governed.oom_kills == 0
     assert governed.tokens > ungoverned.tokens
+
+
+def test_time_in_states_adds_up() -> None:
+    s = run("phone", "android-termux").summary
+    assert sum(s.state_pct.values()) == pytest.approx(100.0)
+    assert s.state_pct["hot"] > 10.0  # the skin limit binds in a long chat
+    assert run("phone", NONE).summary.state_pct == {"sustained": 100.0}
