@@ -28,7 +28,8 @@ from starlette.types import Receive
 
 from governor.engine.chat import ChatRequest
 from governor.engine.config import Applied, ConfigChange, ConfigRefused, Settings, resolve
-from governor.engine.worker import ConfigJob, Job, Worker
+from governor.engine.jobs import ConfigJob, Job
+from governor.engine.worker import Worker
 
 
 def _dumps(obj: Any) -> str:
@@ -232,7 +233,7 @@ class EngineApp:
                 param="model",
                 code="model_not_found",
             )
-        if self.worker.waiting >= self.queue_max:
+        if self.worker.load() > self.queue_max:
             self.rejected_total += 1
             retry = max(1, min(60, math.ceil((self.worker.generation_s or 1.0) * (self.worker.waiting + 1))))
             return error(

@@ -52,6 +52,7 @@ class LoadedModel:
         self.template_stop = self._formatter.eos_token
         self._vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self._buf = ctypes.create_string_buffer(256)
+        self._tokens: dict[int, tuple[bool, bytes]] = {}
         self.abort_requested = False
         self._abort_cb = llama_cpp.ggml_abort_callback(self._should_abort)
         self._no_cb = llama_cpp.ggml_abort_callback()
@@ -85,12 +86,15 @@ class LoadedModel:
         # As llama_cpp's own chat handlers do: the template writes BOS itself, and its special tokens are parsed.
         return list(self.llm.tokenize(text.encode(), add_bos=False, special=prompt))
 
-    def piece(self, token: int) -> bytes:
-        n = llama_cpp.llama_token_to_piece(self._vocab, token, self._buf, len(self._buf), 0, False)
-        return self._buf.raw[:n] if n > 0 else b""
-
-    def is_eog(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+    def token(self, token: int) -> tuple[bool, bytes]:
+        """(ends generation, its text bytes), cached: each ctypes call is a point where the worker gives up the GIL
+        and may wait for the event loop to hand it back, so the per-token path makes as few as it can."""
+        known = self._tokens.get(token)
+        if known is None:
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, self._buf, len(self._buf), 0, False)
+            eog = bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+            known = self._tokens[token] = (eog, self._buf.raw[:n] if n > 0 else b"")
+        return known
 
     def set_threads(self, n: int) -> None:
         # Takes effect at the next decode; assigning `Llama.n_threads` alone would change nothing.

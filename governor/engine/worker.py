@@ -13,68 +13,16 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 import jinja2
 import structlog
 
-from governor.engine.chat import ChatRequest, PromptTooLong, TextStream, fit, room_for_answer
-from governor.engine.config import Applied, ConfigChange, ConfigRefused, ModelSpec, Settings, resolve
+from governor.engine.chat import PromptTooLong, TextStream, fit, room_for_answer
+from governor.engine.config import ConfigRefused, ModelSpec, Settings, resolve
+from governor.engine.jobs import ConfigJob, Counters, Job, Run, usage
 from governor.engine.model import LoadedModel, ModelLoadError
 
 log = structlog.get_logger("governor.engine")
-
-
-class Sink(Protocol):
-    """Where a generation's events go. Events: ("start", model, prompt_tokens, trimmed), ("text", str),
-    ("model", name), ("trim", trimmed_total), ("end", finish_reason, usage), ("error", status, message, code)."""
-
-    def __call__(self, event: tuple[Any, ...]) -> None: ...
-
-
-@dataclass(eq=False)
-class Job:
-    request: ChatRequest
-    sink: Sink
-    cancelled: threading.Event = field(default_factory=threading.Event)
-
-
-@dataclass(eq=False)
-class ConfigJob:
-    change: ConfigChange
-    done: Callable[[Settings, Applied, float], None]
-    fail: Callable[[Exception], None]
-
-
-@dataclass
-class Counters:
-    generations_completed: int = 0
-    generations_cancelled: int = 0
-    generations_failed: int = 0
-    tokens_generated_total: int = 0
-    prompt_tokens_total: int = 0
-    reloads_total: int = 0
-    trimmed_messages_total: int = 0
-
-
-@dataclass(eq=False)
-class _Run:
-    """One generation in progress: what it needs to continue in a rebuilt context."""
-
-    job: Job
-    messages: list[dict[str, str]]
-    ctx_tokens: list[int]  # everything evaluated (or to be) in the current context: prompt + answer so far
-    n_prompt: int
-    text: TextStream
-    answer: bytearray = field(default_factory=bytearray)
-    n_completion: int = 0
-    trimmed: int = 0
-    gen: Any = None
-    prefilling: bool = True  # the next `next(gen)` evaluates the prompt first
-    model_name: str = ""
-    finish: str | None = None
 
 
 class Worker:
@@ -91,7 +39,7 @@ class Worker:
         self._wake = threading.Event()  # cuts a rate-cap wait short
         self._stopping = False
         self._emits: deque[float] = deque(maxlen=64)
-        self._run: _Run | None = None  # the generation in progress (read by the loop thread to interrupt it)
+        self._run: Run | None = None  # the generation in progress (read by the loop thread to interrupt it)
         self._running: Job | None = None
         self.decode_tokens_per_s: float | None = None
         self.generation_s: float | None = None  # recent generation length, for Retry-After
@@ -102,12 +50,22 @@ class Worker:
     def start(self) -> None:
         self._thread.start()
 
+    def load(self) -> int:
+        """Requests in the engine: the running one (if any) plus those waiting."""
+        return self.waiting + (1 if self.busy else 0)
+
     def submit(self, job: Job) -> None:
+        if self._stopping:
+            job.sink(("error", 503, "the engine is shutting down", "engine_stopping"))
+            return
         with self._lock:
             self.waiting += 1
         self._jobs.put(job)
 
     def configure(self, cj: ConfigJob) -> None:
+        if self._stopping:
+            cj.fail(ConfigRefused("the engine is shutting down", param=None, code="engine_stopping", status=503))
+            return
         with self._lock:
             self._pending.append(cj)
         self._wake.set()
@@ -165,7 +123,7 @@ class Worker:
                     continue
                 if job.cancelled.is_set():
                     self.counters.generations_cancelled += 1
-                    job.sink(("end", "cancelled", _usage(0, 0)))
+                    job.sink(("end", "cancelled", usage(0, 0)))
                     continue
                 self.busy = True
                 self._running = job
@@ -214,7 +172,7 @@ class Worker:
             job.sink(("error", 400, f"the model's chat template refused the messages: {exc}", "invalid_messages"))
             return
         stops = req.stops() + ([m.template_stop] if m.template_stop else [])
-        run = _Run(job, messages, list(fitted.tokens), len(fitted.tokens), TextStream(stops))
+        run = Run(job, messages, list(fitted.tokens), len(fitted.tokens), TextStream(stops))
         run.trimmed = fitted.trimmed_messages
         run.model_name = m.spec.name
         if run.trimmed:
@@ -235,6 +193,15 @@ class Worker:
             if run.gen is not None:
                 run.gen.close()
         self.generation_s = time.monotonic() - started
+        log.info(
+            "engine.answer",
+            finish=run.finish,
+            prompt_tokens=run.n_prompt,
+            completion_tokens=run.n_completion,
+            seconds=round(self.generation_s, 3),
+            model=run.model_name,
+            trimmed_messages=run.trimmed,
+        )
         tail = run.text.flush()
         if tail:
             job.sink(("text", tail))
@@ -242,9 +209,9 @@ class Worker:
             self.counters.generations_cancelled += 1
         else:
             self.counters.generations_completed += 1
-        job.sink(("end", run.finish, _usage(run.n_prompt, run.n_completion)))
+        job.sink(("end", run.finish, usage(run.n_prompt, run.n_completion)))
 
-    def _decode(self, run: _Run) -> None:
+    def _decode(self, run: Run) -> None:
         job, limit = run.job, run.job.request.token_limit()
         while True:
             if self._pending:
@@ -280,13 +247,13 @@ class Worker:
             t1 = time.perf_counter()
             if run.n_completion:  # the first call also evaluated the prompt
                 self.decode_tokens_per_s = _ewma(self.decode_tokens_per_s, t1 - t0)
-            if m.is_eog(token) and not job.request.ignore_eos:
+            eog, data = m.token(token)
+            if eog and not job.request.ignore_eos:
                 run.finish = "stop"
                 return
             run.ctx_tokens.append(token)
             run.n_completion += 1
             self.counters.tokens_generated_total += 1
-            data = m.piece(token)
             run.answer += data
             text = run.text.push(data)
             if self.settings.max_tokens_per_s is not None:
@@ -298,7 +265,7 @@ class Worker:
                 run.finish = "stop"
                 return
 
-    def _pace(self, run: _Run) -> None:
+    def _pace(self, run: Run) -> None:
         """Hold the token until 1/cap after the previous one; a config change or cancel cuts the wait short."""
         while True:
             cap = self.settings.max_tokens_per_s
@@ -312,7 +279,7 @@ class Worker:
             if self._pending:
                 self._apply_pending(run)
 
-    def _apply_pending(self, run: _Run | None) -> None:
+    def _apply_pending(self, run: Run | None) -> None:
         with self._lock:
             pending, self._pending = self._pending, []
         for cj in pending:
@@ -345,7 +312,7 @@ class Worker:
                 **target.as_dict(),
             )
 
-    def _reload(self, target: Settings, run: _Run | None) -> None:
+    def _reload(self, target: Settings, run: Run | None) -> None:
         """Close the old model first (memory is what a device lacks), build the new one, re-evaluate the answer.
 
         When the new model cannot be built, the old settings are rebuilt and the answer continues there.
@@ -366,7 +333,7 @@ class Worker:
         if run is not None:
             self._resume(run)
 
-    def _resume(self, run: _Run) -> None:
+    def _resume(self, run: Run) -> None:
         """Continue `run` in the new context: the same tokens when they fit, else a re-rendered, trimmed prompt."""
         m, req = self.model, run.job.request
         limit = req.token_limit()
@@ -391,7 +358,7 @@ class Worker:
         run.gen = m.generate(run.ctx_tokens, req.sampling(), req.seed)
         run.prefilling = False
 
-    def _log_trim(self, run: _Run, when: str, delta: int) -> None:
+    def _log_trim(self, run: Run, when: str, delta: int) -> None:
         self.counters.trimmed_messages_total += delta
         log.info(
             "engine.trimmed",
@@ -405,7 +372,3 @@ class Worker:
 def _ewma(rate: float | None, dt: float, alpha: float = 0.1) -> float:
     now = 1 / max(dt, 1e-9)
     return now if rate is None else (1 - alpha) * rate + alpha * now
-
-
-def _usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}

@@ -1,0 +1,65 @@
+"""What the event loop hands the worker (a chat `Job`, a `ConfigJob`), and the worker's per-answer state."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from governor.engine.chat import ChatRequest, TextStream
+from governor.engine.config import Applied, ConfigChange, Settings
+
+
+class Sink(Protocol):
+    """Where a generation's events go. Events: ("start", model, prompt_tokens, trimmed), ("text", str),
+    ("model", name), ("trim", trimmed_total), ("end", finish_reason, usage), ("error", status, message, code)."""
+
+    def __call__(self, event: tuple[Any, ...]) -> None: ...
+
+
+@dataclass(eq=False)
+class Job:
+    request: ChatRequest
+    sink: Sink
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(eq=False)
+class ConfigJob:
+    change: ConfigChange
+    done: Callable[[Settings, Applied, float], None]
+    fail: Callable[[Exception], None]
+
+
+@dataclass
+class Counters:
+    generations_completed: int = 0
+    generations_cancelled: int = 0
+    generations_failed: int = 0
+    tokens_generated_total: int = 0
+    prompt_tokens_total: int = 0
+    reloads_total: int = 0
+    trimmed_messages_total: int = 0
+
+
+@dataclass(eq=False)
+class Run:
+    """One generation in progress: what it needs to continue in a rebuilt context."""
+
+    job: Job
+    messages: list[dict[str, str]]
+    ctx_tokens: list[int]  # everything evaluated (or to be) in the current context: prompt + answer so far
+    n_prompt: int
+    text: TextStream
+    answer: bytearray = field(default_factory=bytearray)
+    n_completion: int = 0
+    trimmed: int = 0
+    gen: Any = None
+    prefilling: bool = True  # the next `next(gen)` evaluates the prompt first
+    model_name: str = ""
+    finish: str | None = None
+
+
+def usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
