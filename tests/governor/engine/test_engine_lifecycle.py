@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import socket
 import stat
 from pathlib import Path
 
+import httpx
+import psutil
 import pytest
 
 from tests.governor.engine.engine_proc import Engine, user
@@ -41,14 +44,29 @@ def test_memory_is_returned_after_large_to_small(demo_ladder: Path, tmp_path: Pa
     assert rss_after <= 1.3 * rss_cold, (rss_large, rss_after, rss_cold)
 
 
-def test_sigterm_ends_the_stream_cleanly_and_exits_0(demo_ladder: Path, tmp_path: Path) -> None:
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def test_single_model_on_socket_and_loopback_port_then_sigterm(demo_ladder: Path, tmp_path: Path) -> None:
+    port = free_port()
+    model = demo_ladder.parent / "demo-small.gguf"
     engine = Engine(
-        tmp_path, "--models", str(demo_ladder), "--tier", "small", "--threads", "1", "--socket-mode", "0660",
+        tmp_path, "--model", str(model), "--threads", "1", "--socket-mode", "0660", "--port", str(port),
         "--max-tokens-per-s", "20", "--drain-s", "1",
     )  # fmt: skip
     assert stat.S_IMODE(engine.socket.stat().st_mode) == 0o660
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}") as tcp:
+        assert tcp.get("/engine/status").json()["model"] == "demo-small"
+        assert [m["id"] for m in tcp.get("/v1/models").json()["data"]] == ["demo-small"]
+    listening = [c.laddr for c in psutil.Process(engine.proc.pid).net_connections("tcp") if c.status == "LISTEN"]
+    assert [(a.ip, a.port) for a in listening] == [("127.0.0.1", port)]
+
     thread, seen = engine.stream_in_thread(
-        {"model": "small", "messages": user("long"), "max_tokens": 2000, "ignore_eos": True}
+        {"model": "demo-small", "messages": user("long"), "max_tokens": 2000, "ignore_eos": True}
     )
     eventually(lambda: len(seen.arrivals) >= 3)
     assert engine.stop() == 0, engine.log()
