@@ -326,7 +326,12 @@ class Worker:
             self.model = LoadedModel(self.models[target.model], target)
             self.settings = target
         except ModelLoadError:
-            self.model = LoadedModel(self.models[previous.model], previous)
+            try:
+                self.model = LoadedModel(self.models[previous.model], previous)
+            except ModelLoadError as exc:
+                # No model at all (the old one is closed: touching it would crash): exit so the daemon restarts us.
+                log.critical("engine.no_model", error=str(exc))
+                os._exit(70)
             if run is not None:
                 self._resume(run)
             raise

@@ -93,7 +93,7 @@ def test_openai_sdk_unchanged(engine: Engine) -> None:
     # openai 3 is typed against httpx2 but takes an httpx client too, as users pass one.
     client = openai.OpenAI(base_url="http://engine/v1", api_key="x", http_client=http)  # type: ignore[arg-type]
     with client:
-        assert {m.id for m in client.models.list()} == {"large", "medium", "small", "noflash"}
+        assert {m.id for m in client.models.list()} == {"large", "medium", "small", "noflash", "broken"}
         done = client.chat.completions.create(
             model="small", messages=[{"role": "user", "content": "hi"}], max_tokens=5, extra_body=EXTRA
         )
@@ -132,7 +132,7 @@ def test_curl_unix_socket_stream(engine: Engine) -> None:
 def test_models_lists_the_ladder(engine: Engine) -> None:
     data = engine.http.get("/v1/models").json()["data"]
     assert [(m["id"], m["loaded"]) for m in data] == [
-        ("large", False), ("medium", False), ("small", True), ("noflash", False)
+        ("large", False), ("medium", False), ("small", True), ("noflash", False), ("broken", False)
     ]  # fmt: skip
 
 
@@ -194,6 +194,15 @@ def test_bad_config_is_refused_before_touching_the_model(
     after = engine.status()
     assert after["reloads_total"] == before["reloads_total"]
     assert (after["model"], after["kv_type"], after["n_ctx"]) == (before["model"], before["kv_type"], before["n_ctx"])
+
+
+def test_a_model_that_fails_to_load_leaves_the_old_one_serving(engine: Engine) -> None:
+    r = engine.config(model="broken", kv_type="f16")
+    assert r.status_code == 500, r.text
+    assert r.json()["error"]["code"] == "reload_failed"
+    status = engine.status()
+    assert (status["model"], status["n_ctx"], status["kv_type"]) == ("small", 2048, "q8_0")
+    assert engine.chat(model="small", messages=user("still there?"), max_tokens=2).status_code == 200
 
 
 def test_unknown_route_and_method_in_openai_shape(engine: Engine) -> None:
