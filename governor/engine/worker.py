@@ -13,6 +13,7 @@ import queue
 import threading
 import time
 from collections import deque
+from typing import Any
 
 import jinja2
 import structlog
@@ -128,14 +129,15 @@ class Worker:
                 self.busy = True
                 self._running = job
                 try:
-                    self._generate(job)
+                    final = self._generate(job)
                 except Exception as exc:  # last resort: this job fails, the engine keeps serving
                     log.exception("engine.generation_crashed")
                     self.counters.generations_failed += 1
-                    job.sink(("error", 500, f"internal error: {type(exc).__name__}: {exc}", "internal_error"))
+                    final = ("error", 500, f"internal error: {type(exc).__name__}: {exc}", "internal_error")
                 finally:
                     self.busy = False
                     self._running = self._run = None
+                job.sink(final)  # after `busy` is cleared: a client that has its answer sees an idle engine
         except BaseException:
             # Only a model that can be neither rebuilt nor restored gets here: exit so that the daemon restarts us.
             log.exception("engine.worker_died")
@@ -157,7 +159,8 @@ class Worker:
         for cj in pending:
             cj.fail(ConfigRefused("the engine is shutting down", param=None, code="engine_stopping", status=503))
 
-    def _generate(self, job: Job) -> None:
+    def _generate(self, job: Job) -> tuple[Any, ...]:
+        """Runs one answer, sending its events; returns the last one ("end" or "error") for the caller to send."""
         req = job.request
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         m = self.model
@@ -165,12 +168,10 @@ class Worker:
             fitted = fit(m, messages, m.n_ctx, answer_room=room_for_answer(m.n_ctx, req.token_limit()))
         except PromptTooLong as exc:
             self.counters.generations_failed += 1
-            job.sink(("error", 400, str(exc), "context_length_exceeded"))
-            return
+            return ("error", 400, str(exc), "context_length_exceeded")
         except (ValueError, jinja2.TemplateError) as exc:  # the template's raise_exception(), e.g. role order
             self.counters.generations_failed += 1
-            job.sink(("error", 400, f"the model's chat template refused the messages: {exc}", "invalid_messages"))
-            return
+            return ("error", 400, f"the model's chat template refused the messages: {exc}", "invalid_messages")
         stops = req.stops() + ([m.template_stop] if m.template_stop else [])
         run = Run(job, messages, list(fitted.tokens), len(fitted.tokens), TextStream(stops))
         run.trimmed = fitted.trimmed_messages
@@ -187,8 +188,7 @@ class Worker:
         except (RuntimeError, ValueError) as exc:  # llama.cpp decode failures surface as these
             log.error("engine.generation_failed", error=str(exc))
             self.counters.generations_failed += 1
-            job.sink(("error", 500, f"generation failed: {exc}", "generation_failed"))
-            return
+            return ("error", 500, f"generation failed: {exc}", "generation_failed")
         finally:
             if run.gen is not None:
                 run.gen.close()
@@ -209,7 +209,7 @@ class Worker:
             self.counters.generations_cancelled += 1
         else:
             self.counters.generations_completed += 1
-        job.sink(("end", run.finish, usage(run.n_prompt, run.n_completion)))
+        return ("end", run.finish, usage(run.n_prompt, run.n_completion))
 
     def _decode(self, run: Run) -> None:
         job, limit = run.job, run.job.request.token_limit()

@@ -18,14 +18,15 @@ import httpx
 from tests.helpers import eventually
 
 
-def ladder_with_noflash(demo_ladder: Path, directory: Path) -> Path:
-    """The demo ladder plus a tier that switches flash attention off (so a quantized KV cache is impossible) and
-    a tier whose file is not a loadable model."""
+def ladder_with_noflash(demo_ladder: Path, directory: Path, *, broken: bool = False) -> Path:
+    """The demo ladder plus a tier that switches flash attention off (so a quantized KV cache is impossible) and,
+    with `broken`, a tier whose file is not a loadable model."""
     base = demo_ladder.parent.resolve()
     text = demo_ladder.read_text().replace('path = "', f'path = "{base}/')
     text += f'\n[[tier]]\nname = "noflash"\npath = "{base}/demo-small.gguf"\nn_ctx = 1024\nflash_attn = false\n'
-    (directory / "broken.gguf").write_bytes(b"GGUF" + bytes(60))  # a file llama.cpp cannot load
-    text += '\n[[tier]]\nname = "broken"\npath = "broken.gguf"\nn_ctx = 1024\n'
+    if broken:
+        (directory / "broken.gguf").write_bytes(b"GGUF" + bytes(60))  # a file llama.cpp cannot load
+        text += '\n[[tier]]\nname = "broken"\npath = "broken.gguf"\nn_ctx = 1024\n'
     path = directory / "ladder.toml"
     path.write_text(text)
     return path

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def engine(demo_ladder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     directory = tmp_path_factory.mktemp("server")
-    ladder = ladder_with_noflash(demo_ladder, directory)
+    ladder = ladder_with_noflash(demo_ladder, directory, broken=True)
     eng = Engine(directory, "--models", str(ladder), "--tier", "small", "--threads", "1", "--queue", "2")
     yield eng
     assert eng.stop() == 0, eng.log()
