@@ -226,7 +226,7 @@ class EngineApp:
             req = ChatRequest.model_validate_json(await request.body())
         except ValidationError as exc:
             return validation_error(exc)
-        if req.model not in self.worker.models:
+        if req.model is not None and req.model not in self.worker.models:
             return error(
                 404,
                 f"unknown model {req.model!r}; this engine serves {list(self.worker.models)}",

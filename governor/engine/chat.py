@@ -49,7 +49,8 @@ class ChatRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    model: str = Field(min_length=1)
+    # Optional, as llama.cpp's server and Ollama allow: the governor, not the client, picks the tier.
+    model: str | None = Field(default=None, min_length=1)
     messages: list[Message] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None

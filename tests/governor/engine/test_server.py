@@ -57,6 +57,12 @@ def test_chat_answers_with_usage(engine: Engine) -> None:
     assert body["governor"] == {"trimmed_messages": 0}
 
 
+def test_model_may_be_left_out_like_llama_cpp_server(engine: Engine) -> None:
+    r = engine.chat(messages=user("hello"), max_tokens=4, temperature=0.0, ignore_eos=True)
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == "small"  # the tier the governor loaded, not one the client picked
+
+
 def test_same_seed_same_answer(engine: Engine) -> None:
     body: dict[str, Any] = {"model": "small", "messages": user("again"), "max_tokens": 12, "seed": 7}
     first = engine.chat(**body, temperature=1.0).json()["choices"][0]["message"]["content"]
@@ -143,7 +149,7 @@ BAD_CHAT: list[tuple[bytes, int, str | None]] = [
     (b'{"model": "small", "messages": [{"role": "user", "content": "hi"}], "max_tokens": "5"}', 400, None),
     (b'{"model": "small", "messages": [{"role": "wizard", "content": "hi"}]}', 400, None),
     (b'{"model": "small", "messages": []}', 400, None),
-    (b'{"messages": [{"role": "user", "content": "hi"}]}', 400, None),
+    (b'{"model": "", "messages": [{"role": "user", "content": "hi"}]}', 400, None),
     (b'{"model": "small", "messages": [{"role": "user", "content": "hi"}], "n": 3}', 400, None),
     (b'{"model": "small", "messages": [{"role": "user", "content": "hi"}], "stop": ["a","b","c","d","e"]}', 400, None),
     (b'{"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]}', 404, "model_not_found"),
