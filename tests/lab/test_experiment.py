@@ -78,16 +78,7 @@ def test_shipped_policy_keeps_below_the_trip(device_name: str, policy_name: str)
     assert s.oom_kills == 0
 
 
-# Known, reported to the lead (numbers in docs/lab.md): on the Pi and the laptop, decode is memory-bound, so the
-# kernel's own frequency stepping costs the ungoverned run little speed; the Pi policy's hot profile changes the KV
-# type (a reload plus re-evaluating the conversation) and the laptop policy's sustained profile runs 3 threads.
-MEMORY_BOUND = pytest.mark.xfail(reason="memory-bound decode: kernel DVFS alone loses little; see docs/lab.md")
-
-
-@pytest.mark.parametrize(
-    ("device_name", "policy_name"),
-    [pytest.param(*pair, marks=MEMORY_BOUND) if pair[0] != "phone" else pair for pair in SHIPPED],
-)
+@pytest.mark.parametrize(("device_name", "policy_name"), SHIPPED)
 def test_shipped_policy_generates_more_tokens_than_none(device_name: str, policy_name: str) -> None:
     governed, ungoverned = run(device_name, policy_name).summary, run(device_name, NONE).summary
     assert governed.tokens > ungoverned.tokens, (governed, ungoverned)
