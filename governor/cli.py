@@ -22,7 +22,7 @@ def _registrars() -> list[Register]:
     return [sensors, policies, engine, daemon, lab]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(registrars: Sequence[Register] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="governor", description="Thermal- and power-aware governor for on-device LLM inference."
     )
@@ -30,13 +30,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     parser.add_argument("--log-json", action="store_true", default=None, help="log JSON lines even on a TTY")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for register in _registrars():
+    for register in _registrars() if registrars is None else registrars:
         register(sub)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: Sequence[str] | None = None, registrars: Sequence[Register] | None = None) -> int:
+    """`registrars` limits the subcommands (the daemon's lean entry point registers only `run`)."""
+    parser = build_parser(registrars)
     args = parser.parse_args(argv)
     logs.configure(json=args.log_json, level=10 if args.debug else 20)
     func: Callable[[argparse.Namespace], int] = args.func
