@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.governor.daemon.daemon_proc import DaemonProc
+
 
 @pytest.fixture
 def sock_dir() -> Iterator[Path]:
@@ -48,3 +50,14 @@ def notify_socket(sock_dir: Path) -> Iterator[NotifySocket]:
     ns = NotifySocket(sock_dir / "notify")
     yield ns
     ns.close()
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, sock_dir: Path, demo_ladder: Path) -> Iterator[DaemonProc]:
+    """A real `governor run` process on a fake device tree and the demo ladder, ready."""
+    d = DaemonProc(tmp_path, sock_dir, demo_ladder)
+    try:
+        d.wait_ready()
+        yield d
+    finally:
+        d.stop()

@@ -5,8 +5,6 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,16 +17,6 @@ pytestmark = pytest.mark.slow
 
 ZONE_TEMP = "sys/class/thermal/thermal_zone0/temp"
 PROMPT = [{"role": "user", "content": "Tell me a long story."}]
-
-
-@pytest.fixture
-def daemon(tmp_path: Path, sock_dir: Path, demo_ladder: Path) -> Iterator[DaemonProc]:
-    d = DaemonProc(tmp_path, sock_dir, demo_ladder)
-    try:
-        d.wait_ready()
-        yield d
-    finally:
-        d.stop()
 
 
 class Stream(threading.Thread):

@@ -8,7 +8,6 @@ import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,16 +21,6 @@ from tests.helpers import eventually
 pytestmark = pytest.mark.slow
 
 HELLO = [{"role": "user", "content": "hello"}]
-
-
-@pytest.fixture
-def daemon(tmp_path: Path, sock_dir: Path, demo_ladder: Path) -> Iterator[DaemonProc]:
-    d = DaemonProc(tmp_path, sock_dir, demo_ladder)
-    try:
-        d.wait_ready()
-        yield d
-    finally:
-        d.stop()
 
 
 def cli(d: DaemonProc, *args: str) -> subprocess.CompletedProcess[str]:
