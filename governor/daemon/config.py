@@ -19,7 +19,6 @@ Command-line flags override the file; the file overrides the defaults.
 from __future__ import annotations
 
 import os
-import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from governor.daemon.supervisor import RestartPolicy
 from governor.errors import GovernorError
+from policies.loader import locate  # the policy files' line finder: tomllib keeps no positions
 
 
 class ConfigError(GovernorError):
@@ -84,13 +84,6 @@ def default_config_file(env: Mapping[str, str] | None = None, euid: int | None =
     return Path(base) / "governor" / "governor.toml"
 
 
-def _line_of(text: str, key: str) -> int | None:
-    for number, line in enumerate(text.splitlines(), 1):
-        if re.match(rf"\s*{re.escape(key)}\s*=", line):
-            return number
-    return None
-
-
 def load_config(
     path: Path | None,
     overrides: Mapping[str, Any] | None = None,
@@ -123,6 +116,6 @@ def load_config(
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
-        line = _line_of(text, str(err["loc"][-1])) if err["loc"] else None
+        line = locate(text, err["loc"])
         where = f"{path}:{line}" if line else str(path)
         raise ConfigError(f"{where}: {field}: {err['msg']}") from exc
