@@ -19,13 +19,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from governor.errors import GovernorError
 from policies.decision import KvType
+from policies.loader import locate
 
 
 class LadderError(GovernorError):
-    def __init__(self, path: Path, reason: str) -> None:
-        super().__init__(f"{path}: {reason}")
+    def __init__(self, path: Path, reason: str, line: int | None = None) -> None:
+        super().__init__(f"{path}:{line}: {reason}" if line else f"{path}: {reason}")
         self.path = path
         self.reason = reason
+        self.line = line
 
 
 class ModelTier(BaseModel):
@@ -70,7 +72,8 @@ class ModelLadder(BaseModel):
 
 def load_ladder(path: Path) -> ModelLadder:
     try:
-        data = tomllib.loads(path.read_text())
+        text = path.read_text()
+        data = tomllib.loads(text)
     except OSError as exc:
         raise LadderError(path, f"cannot read: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:
@@ -79,8 +82,9 @@ def load_ladder(path: Path) -> ModelLadder:
         ladder = ModelLadder.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise LadderError(path, f"{where}: {err['msg']}") from exc
+        field = ".".join(str(p) for p in err["loc"])
+        line = locate(text, err["loc"])
+        raise LadderError(path, f"{field}: {err['msg']}", line=line) from exc
     base = path.parent
     return ladder.model_copy(
         update={"tier": tuple(t.model_copy(update={"path": (base / t.path).resolve()}) for t in ladder.tier)}
