@@ -122,7 +122,10 @@ class Governor:
         active = self._in_force(pin, sense, prev, t)
         caps = [h.max_threads for h in live if h.max_threads is not None]
         rate_caps = [h.max_tokens_per_s for h in live if h.max_tokens_per_s is not None]
-        threads = min([lim.threads for lim in active] + caps)
+        # Never more threads than online CPUs: llama.cpp's threads wait for each other at every step, so an
+        # oversubscribed core slows them all (a 4-thread profile on a 2-core box). Unknown count: no cap.
+        cpus = [snapshot.cpu.count] if snapshot.cpu.count else []
+        threads = min([lim.threads for lim in active] + caps + cpus)
         rates = [lim.rate for lim in active if lim.rate is not None] + rate_caps
         rate = min(rates) if rates else None
         threads, rate = self._recover(threads, rate, prev, t)

@@ -7,7 +7,7 @@ import itertools
 from policies import Governor
 from policies.decision import Hold, State
 from policies.schema import Policy
-from sensors.snapshot import Temperature
+from sensors.snapshot import Cpu, Temperature
 from tests.policies.builders import BUSY, IDLE, run, snap, states
 from tests.policies.conftest import make_policy
 
@@ -241,6 +241,14 @@ def test_caps_always_apply_and_expired_holds_do_not(policy: Policy) -> None:
     assert decisions[-1].engine.max_tokens_per_s == 3.0
     later = run(gov, [snap()] * 8, t0=4, holds=holds, engine=IDLE)
     assert later[-1].engine.threads == 2
+
+
+def test_threads_never_exceed_the_online_cpus(policy: Policy) -> None:
+    gov = Governor(policy)
+    two_cpus = snap().model_copy(update={"cpu": Cpu(freq_ratio=None, throttled=None, count=2)})
+    full = Governor(policy).decide(snap(), IDLE, 0.0).engine.threads  # CPU count unknown: no cap
+    assert full > 2
+    assert gov.decide(two_cpus, IDLE, 0.0).engine.threads == 2
 
 
 def test_missing_readings_never_crash_and_are_named(policy: Policy) -> None:
