@@ -12,22 +12,16 @@ daemon. Paths are relative to the ladder file.
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from governor.errors import GovernorError
 from policies.decision import KvType
-from policies.loader import locate
+from policies.loader import TomlFileError, load_toml_model
 
 
-class LadderError(GovernorError):
-    def __init__(self, path: Path, reason: str, line: int | None = None) -> None:
-        super().__init__(f"{path}:{line}: {reason}" if line else f"{path}: {reason}")
-        self.path = path
-        self.reason = reason
-        self.line = line
+class LadderError(TomlFileError):
+    """A model ladder file that cannot be read, parsed or validated."""
 
 
 class ModelTier(BaseModel):
@@ -71,20 +65,7 @@ class ModelLadder(BaseModel):
 
 
 def load_ladder(path: Path) -> ModelLadder:
-    try:
-        text = path.read_text()
-        data = tomllib.loads(text)
-    except OSError as exc:
-        raise LadderError(path, f"cannot read: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise LadderError(path, f"not valid TOML: {exc}") from exc
-    try:
-        ladder = ModelLadder.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"])
-        line = locate(text, err["loc"])
-        raise LadderError(path, f"{field}: {err['msg']}", line=line) from exc
+    ladder = load_toml_model(path, ModelLadder, LadderError)
     base = path.parent
     return ladder.model_copy(
         update={"tier": tuple(t.model_copy(update={"path": (base / t.path).resolve()}) for t in ladder.tier)}

@@ -6,8 +6,9 @@ import re
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from governor.errors import GovernorError
 from policies.schema import Policy
@@ -17,6 +18,38 @@ PROFILES_DIR = Path(__file__).parent / "profiles"
 _HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
 _KEY = re.compile(r"""^\s*((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=""")
 _TOML_LINE = re.compile(r"at line (\d+)")
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class TomlFileError(GovernorError):
+    """A TOML file (ladder, device, workload) that cannot be read, parsed or validated: "FILE[:LINE]: reason"."""
+
+    def __init__(self, path: Path | str, reason: str, line: int | None = None) -> None:
+        where = f"{path}:{line}" if line is not None else str(path)
+        super().__init__(f"{where}: {reason}")
+        self.path = Path(path)
+        self.reason = reason
+        self.line = line
+
+
+def load_toml_model(path: Path, model: type[M], error: type[TomlFileError] = TomlFileError) -> M:
+    """Read, parse and validate `path` as `model`; any mistake is one `error` naming the file, line and field."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise error(path, f"cannot read: {exc.strerror}") from exc
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise error(path, f"not valid TOML: {exc}") from exc
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "(top)"
+        raise error(path, f"{field}: {err['msg']}", locate(text, err["loc"])) from exc
 
 
 class PolicyError(GovernorError):

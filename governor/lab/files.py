@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from governor.errors import GovernorError
-from policies.loader import locate  # the policy files' line finder: tomllib keeps no positions
+from policies.loader import TomlFileError, load_toml_model
 
 M = TypeVar("M", bound=BaseModel)
 
 HERE = Path(__file__).parent
 
 
-class LabFileError(GovernorError):
-    def __init__(self, path: Path | str, reason: str, line: int | None = None) -> None:
-        where = f"{path}:{line}" if line is not None else str(path)
-        super().__init__(f"{where}: {reason}")
-        self.path = Path(path)
-        self.reason = reason
-        self.line = line
+class LabFileError(TomlFileError):
+    """A device or workload file that cannot be found, read, parsed or validated."""
 
 
 def shipped(kind: str) -> list[str]:
@@ -42,17 +35,4 @@ def resolve(kind: str, name_or_file: str) -> Path:
 
 
 def load_model(path: Path, model: type[M]) -> M:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise LabFileError(path, f"cannot read: {exc.strerror}") from exc
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise LabFileError(path, f"not valid TOML: {exc}") from exc
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"]) or "(top)"
-        raise LabFileError(path, f"{loc}: {err['msg']}", locate(text, err["loc"])) from exc
+    return load_toml_model(path, model, LabFileError)
