@@ -24,6 +24,7 @@ import structlog
 from pydantic import ValidationError
 
 from governor.errors import GovernorError
+from governor.unixsock import clear_stale_socket
 from policies.decision import Hold, State
 from sensors.snapshot import TraceRecord
 
@@ -200,25 +201,15 @@ class _Server(socketserver.ThreadingUnixStreamServer):
                 conn.shutdown(socket.SHUT_RDWR)
 
 
-def _check_stale(path: Path) -> None:
-    if not path.exists() and not path.is_symlink():
-        return
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(str(path))
-        except OSError:
-            path.unlink()  # left by a daemon that died; nobody answers on it
-            return
-    raise ControlError(f"{path}: another governor is already listening there")
-
-
 class ControlServer:
     def __init__(self, path: Path, api: ControlApi, *, mode: int = 0o600, group: str | None = None) -> None:
         self.path = path
         if len(os.fsencode(path)) >= 108:
             raise ControlError(f"{path}: a Unix socket path must be shorter than 108 bytes")
         path.parent.mkdir(parents=True, exist_ok=True)
-        _check_stale(path)
+        clear_stale_socket(
+            path, lambda reason: ControlError(f"{path}: {reason}"), in_use="another governor is already listening there"
+        )
         try:
             gid = grp.getgrnam(group).gr_gid if group else -1
         except KeyError:

@@ -11,7 +11,6 @@ import contextlib
 import os
 import signal
 import socket
-import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,6 +30,7 @@ from governor.engine.config import (
     single_model,
 )
 from governor.errors import GovernorError
+from governor.unixsock import clear_stale_socket
 
 if TYPE_CHECKING:
     from governor.engine.worker import Worker
@@ -108,21 +108,7 @@ def bind_unix(path: Path, mode: int) -> socket.socket:
 
     A leftover socket file is removed only when nothing answers on it; any other file is left alone.
     """
-    if path.is_symlink() or path.exists():
-        if not stat.S_ISSOCK(os.lstat(path).st_mode):
-            raise EngineError(f"--socket {path}: exists and is not a socket; not removing it")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.settimeout(1.0)
-            probe.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):
-            path.unlink(missing_ok=True)
-        except OSError as exc:
-            raise EngineError(f"--socket {path}: cannot check the existing socket: {exc.strerror}") from exc
-        else:
-            raise EngineError(f"--socket {path}: another process is serving on it")
-        finally:
-            probe.close()
+    clear_stale_socket(path, lambda reason: EngineError(f"--socket {path}: {reason}"))
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o777 & ~mode)
     try:

@@ -117,6 +117,14 @@ def test_a_stale_socket_is_replaced_and_a_live_one_refused(sock_dir: Path, api: 
     assert not path.exists()
 
 
+def test_a_file_that_is_not_a_socket_is_never_removed(sock_dir: Path, api: FakeApi) -> None:
+    path = sock_dir / "control.sock"
+    path.write_text("somebody's notes")
+    with pytest.raises(ControlError, match="exists and is not a socket; not removing it"):
+        ControlServer(path, api)
+    assert path.read_text() == "somebody's notes"
+
+
 def test_status_why_metrics_and_reload(server: ControlServer, api: FakeApi) -> None:
     api.state.on_tick(1.0, Snapshot(), EngineObservation(busy=True, tokens_per_s=9.5), decision(1.0))
     api.state.on_tick(2.0, Snapshot(), None, decision(2.0, State.HOT, 2, "hot: 81 °C ≥ 76 °C; threads 4→2"))
