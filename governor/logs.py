@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import TextIO
 
@@ -33,3 +34,14 @@ def reset() -> None:
     """Back to structlog's defaults; the tests' autouse fixture calls this."""
     structlog.reset_defaults()
     structlog.contextvars.clear_contextvars()
+
+
+def keep_own_stderr() -> None:
+    """Log to a private copy of stderr from now on.
+
+    llama-cpp-python silences a model load (`verbose=False`) by pointing fds 1 and 2 at /dev/null for the whole
+    process while it runs; the engine loads models on its worker thread while the event loop keeps logging, and
+    those lines would be lost.
+    """
+    stream = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1, encoding="utf-8", errors="replace")
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(stream))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import gc
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import llama_cpp
 from llama_cpp.llama_chat_format import CHATML_CHAT_TEMPLATE, Jinja2ChatFormatter
 
-from governor.engine.config import GGML_TYPE, ModelSpec, Settings
+from governor.engine.config import GGML_TYPE, ModelSpec, Settings, learn_head_dim
 
 
 class ModelLoadError(Exception):
@@ -41,6 +42,7 @@ class LoadedModel:
             raise ModelLoadError(f"cannot load {spec.path} with {settings.as_dict()}: {exc}") from exc
         self.threads = settings.threads
         meta: dict[str, str] = self.llm.metadata
+        learn_head_dim(spec.path, meta)
         template = meta.get("tokenizer.chat_template") or CHATML_CHAT_TEMPLATE
         eos, bos = self.llm.token_eos(), self.llm.token_bos()
         model = self.llm._model
@@ -120,10 +122,13 @@ class LoadedModel:
 
 def _malloc_trim() -> None:
     """Give freed heap pages back to the OS now (glibc keeps them otherwise); a no-op without glibc."""
-    name = ctypes.util.find_library("c")
-    if not name:
-        return
-    libc = ctypes.CDLL(name)
-    trim = getattr(libc, "malloc_trim", None)
+    trim = _libc_malloc_trim()
     if trim is not None:
         trim(0)
+
+
+@functools.cache
+def _libc_malloc_trim() -> Any:
+    # find_library runs `ldconfig -p` in a subprocess: once per process is enough.
+    name = ctypes.util.find_library("c")
+    return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 import socket
@@ -19,6 +20,7 @@ import structlog
 import uvicorn
 from starlette.applications import Starlette
 
+from governor import logs
 from governor.engine.config import (
     KV_TYPES,
     ConfigRefused,
@@ -63,6 +65,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--max-tokens-per-s", type=float, help="cap on the decode rate (default: none)")
     p.add_argument("--queue", type=int, default=8, help="requests that may wait behind the running one (default 8)")
     p.add_argument("--drain-s", type=float, default=10.0, help="on SIGTERM, time running answers get to finish")
+    p.add_argument(
+        "--slow-callback-ms",
+        type=float,
+        metavar="MS",
+        help="asyncio debug mode: log every event-loop step that takes longer than MS as engine.slow_callback "
+        "(for tests and diagnosis; debug mode slows the loop down)",
+    )
     p.set_defaults(func=run)
 
 
@@ -100,6 +109,8 @@ def initial(args: argparse.Namespace) -> tuple[dict[str, ModelSpec], Settings]:
         raise EngineError(f"--max-tokens-per-s {cap}: must be > 0")
     if args.queue < 0:
         raise EngineError(f"--queue {args.queue}: must be >= 0")
+    if args.slow_callback_ms is not None and not 0 < args.slow_callback_ms <= 60_000:
+        raise EngineError(f"--slow-callback-ms {args.slow_callback_ms}: must be > 0 and at most 60000")
     return models, Settings(name, n_ctx, kv, threads, cap)
 
 
@@ -148,11 +159,17 @@ class _Server(uvicorn.Server):
 
 
 def run(args: argparse.Namespace) -> int:
+    from governor.engine import loopwatch
     from governor.engine.app import EngineApp
     from governor.engine.model import ModelLoadError
     from governor.engine.worker import Worker
 
     models, settings = initial(args)
+    logs.keep_own_stderr()
+    # Everything imported so far lives as long as the process: keep the cyclic garbage collector from walking it
+    # (some 80,000 objects: a full collection took 0.2 s, holding the GIL and so the event loop, at every reload).
+    gc.collect()
+    gc.freeze()
     try:
         worker = Worker(models, settings)
     except ModelLoadError as exc:
@@ -167,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
 
         @contextlib.asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
+            if args.slow_callback_ms is not None:
+                loopwatch.watch(asyncio.get_running_loop(), args.slow_callback_ms / 1000)
             worker.start()
             log.info("engine.serving", socket=str(args.socket), port=args.port, pid=os.getpid())
             yield
@@ -181,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
             log_level="warning",
             access_log=False,
             lifespan="on",
+            loop="auto" if args.slow_callback_ms is None else "governor.engine.loopwatch:WatchedLoop",
             timeout_graceful_shutdown=args.drain_s + 5.0,  # a backstop: answers end by themselves after drain_s
         )
         # uvicorn re-raises a caught SIGTERM after shutdown; a no-op handler makes that a clean exit 0.

@@ -10,7 +10,7 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from governor.engine.config import GGML_TYPE, ConfigRefused, ModelSpec, check_kv, head_dim
+from governor.engine.config import GGML_TYPE, ConfigRefused, ModelSpec, check_kv, head_dim, head_dim_from_metadata
 
 
 def tiny_llama(path: Path, *, n_embd: int, n_head: int) -> Path:
@@ -77,3 +77,24 @@ def test_precheck_matches_llama_cpp(tmp_path: Path, n_embd: int, n_head: int, kv
         with pytest.raises(ConfigRefused, match="kv_type") as refused:
             check_kv(spec, kv)
         assert (refused.value.param, refused.value.status) == ("kv_type", 400)
+
+
+@pytest.mark.parametrize(
+    ("meta", "expected"),
+    [
+        ({"general.architecture": "llama", "llama.embedding_length": "576", "llama.attention.head_count": "9"}, 64),
+        ({"general.architecture": "qwen2", "qwen2.attention.key_length": "128", "qwen2.embedding_length": "896"}, 128),
+        # llama.cpp gives a per-layer array as its type, not its values: unknown, so a quantized KV is refused.
+        (
+            {
+                "general.architecture": "llama",
+                "llama.embedding_length": "576",
+                "llama.attention.head_count": "arr[i32,30]",
+            },
+            None,
+        ),
+        ({"llama.embedding_length": "576"}, None),
+    ],
+)
+def test_head_dim_from_llama_cpp_metadata(meta: dict[str, str], expected: int | None) -> None:
+    assert head_dim_from_metadata(meta) == expected

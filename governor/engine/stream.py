@@ -1,0 +1,205 @@
+"""An answer on its way out: the worker → event-loop hand-off, the OpenAI response objects, and the SSE response.
+
+Per token the loop does little: the worker appends events to a deque and wakes the loop at most once per batch
+(`call_soon_threadsafe` only when no wake-up is pending); one SSE write carries every token that arrived since the
+last one, so a client (or a loop) slower than the model gets several tokens per chunk, and the first token goes out
+as soon as it exists. The SSE body is written straight to the ASGI server, without a task group or a per-token task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+Event = tuple[Any, ...]
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+class Events:
+    """One generation's events, handed from the worker thread to the event loop.
+
+    Not `eager` (a non-streamed answer): text does not wake the loop at all, only the other events do.
+    `hang_up()` (on the loop, when the client goes away) makes `batch()` return None.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, eager: bool) -> None:
+        self._loop = loop
+        self._eager = eager
+        self._items: deque[Event] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._scheduled = False
+        self.gone = False
+        self.ended = False  # the worker sent the last event ("end" or "error")
+
+    def __call__(self, event: Event) -> None:  # on the worker thread
+        self._items.append(event)
+        if event[0] in ("end", "error"):
+            self.ended = True
+        if not self._eager and event[0] == "text":
+            return
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        self._scheduled = False
+        self._resume()
+
+    def _resume(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def hang_up(self) -> None:
+        self.gone = True
+        self._resume()
+
+    async def batch(self) -> list[Event] | None:
+        """Every event that arrived since the last call (waiting for the first one); None once the client is gone."""
+        while not self._items and not self.gone:
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        if self.gone:
+            return None
+        out = list(self._items)
+        for _ in out:
+            self._items.popleft()
+        return out
+
+
+async def watch_disconnect(receive: Receive, events: Events) -> None:
+    """Tells `events` when the client goes away (uvicorn answers `receive()` with http.disconnect)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    events.hang_up()
+
+
+class Reply:
+    """Builds the OpenAI response objects; a chunk's JSON is assembled from pre-encoded parts."""
+
+    def __init__(self, model: str) -> None:
+        self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.governor: dict[str, Any] = {"trimmed_messages": 0}
+        self.set_model(model)
+
+    def set_model(self, model: str) -> None:
+        self.model = model
+        self._head = dumps({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": model})[
+            :-1
+        ]
+
+    def _extra(self) -> str:
+        return f',"governor":{dumps(self.governor)}' if self.governor["trimmed_messages"] else ""
+
+    def content_chunk(self, text: str) -> str:
+        """The per-token chunk, without building and encoding a dict each time."""
+        return (
+            f'data: {self._head},"choices":[{{"index":0,"delta":{{"content":{json.dumps(text)}}},'
+            f'"logprobs":null,"finish_reason":null}}]{self._extra()}}}\n\n'
+        )
+
+    def chunk(self, delta: dict[str, str], finish: str | None = None, usage: dict[str, int] | None = None) -> str:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        extra = f',"usage":{dumps(usage)}' if usage is not None else ""
+        return f'data: {self._head},"choices":[{dumps(choice)}]{extra}{self._extra()}}}\n\n'
+
+    def usage_chunk(self, usage: dict[str, int]) -> str:
+        return f'data: {self._head},"choices":[],"usage":{dumps(usage)}}}\n\n'
+
+    def full(self, text: str, finish: str, usage: dict[str, int]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": None,
+                    "finish_reason": finish,
+                }
+            ],
+            "usage": usage,
+            "governor": self.governor,
+        }
+
+
+async def sse(events: Events, backlog: list[Event], reply: Reply, include_usage: bool) -> AsyncIterator[str]:
+    """The SSE text of a streamed answer, one piece per batch of events; ends early when the client goes away."""
+    yield reply.chunk({"role": "assistant", "content": ""})
+    batch: list[Event] | None = backlog
+    while batch is not None:
+        out: list[str] = []
+        text: list[str] = []
+        finished = False
+        for ev in batch:
+            kind = ev[0]
+            if kind == "text":
+                text.append(ev[1])
+                continue
+            if text:
+                out.append(reply.content_chunk("".join(text)))
+                text = []
+            if kind == "trim":
+                reply.governor["trimmed_messages"] = ev[1]
+            elif kind == "model":
+                reply.set_model(ev[1])
+            elif kind == "error":
+                err = {"error": {"message": ev[2], "type": "server_error", "param": None, "code": ev[3]}}
+                out.append(f"data: {dumps(err)}\n\n")
+                finished = True
+            elif kind == "end":
+                out.append(reply.chunk({}, ev[1], ev[2]))
+                if include_usage:
+                    out.append(reply.usage_chunk(ev[2]))
+                finished = True
+        if text:
+            out.append(reply.content_chunk("".join(text)))
+        if finished:
+            out.append("data: [DONE]\n\n")
+        if out:
+            yield "".join(out)
+        if finished:
+            return
+        batch = await events.batch()
+
+
+class EventStream(Response):
+    """A `text/event-stream` response whose pieces go straight to the ASGI server's `send`.
+
+    `on_close` runs however the response ends (finished, client gone, error).
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(self, body: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._body = body
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for piece in self._body:
+                await send({"type": "http.response.body", "body": piece.encode(), "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            self._on_close()
