@@ -7,7 +7,7 @@ daemon applies; `Decision` is a line of `governor replay --json` and of `governo
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -25,17 +25,24 @@ class State(StrEnum):
 PRIORITY: tuple[State, ...] = (State.CRITICAL, State.HOT, State.LOW_BATTERY, State.SUSTAINED, State.IDLE)
 
 KvType = Literal["f16", "q8_0", "q4_0"]
+
+# Every number that enters from outside is finite and bounded where it is parsed (a policy, a hold, the engine API).
+# A rate cap below 0.1 tok/s is a stalled engine (one token per 10 s), and 1e5 tok/s is beyond any CPU.
+RATE_MIN, RATE_MAX = 0.1, 100_000.0
+TokensPerS = Annotated[float, Field(ge=RATE_MIN, le=RATE_MAX, allow_inf_nan=False)]
+THREADS_MAX = 1024
+Threads = Annotated[int, Field(ge=1, le=THREADS_MAX)]
 KV_BYTES_PER_ELEMENT: dict[str, float] = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 
 
 class EngineConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     threads: int = Field(ge=1, le=256)
     n_ctx: int = Field(ge=64, le=1 << 20)
     kv_type: KvType = "f16"
     model: str  # a tier name in the model ladder
-    max_tokens_per_s: float | None = Field(default=None, gt=0)
+    max_tokens_per_s: TokensPerS | None = None
 
 
 class Decision(BaseModel):
@@ -57,10 +64,10 @@ class Hold(BaseModel):
     its client disconnects or at `expires_t`; the policy core only sees the holds in force at a tick.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    owner: str
+    owner: str = Field(max_length=200)
     state: State | None = None  # e.g. "idle" for "performance for this chat"
-    max_threads: int | None = Field(default=None, ge=1)
-    max_tokens_per_s: float | None = Field(default=None, gt=0)
+    max_threads: Threads | None = None
+    max_tokens_per_s: TokensPerS | None = None
     expires_t: float | None = None

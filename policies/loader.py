@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -21,6 +23,62 @@ _TOML_LINE = re.compile(r"at line (\d+)")
 
 
 M = TypeVar("M", bound=BaseModel)
+
+MAX_FILE_BYTES = 1 << 20  # a policy, ladder or config file is a few KB; 1 MiB is generous
+MAX_MESSAGE = 300  # a validation message quotes the input; keep the one line short
+
+
+class UnreadableText(ValueError):
+    """A file refused before parsing; `reason` says why in a few words."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def read_text(path: Path, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """The file's text, refusing before any parser sees it: not a regular file (a FIFO would block the reader
+    forever, a device could be endless), larger than `max_bytes`, binary (NUL bytes) or not UTF-8."""
+    try:
+        # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting for one.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        raise UnreadableText(f"cannot read: {exc.strerror}") from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "a device or socket"
+        raise UnreadableText(f"not a regular file ({kind})")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read(max_bytes + 1)
+        except OSError as exc:
+            raise UnreadableText(f"cannot read: {exc.strerror}") from exc
+    if len(data) > max_bytes:
+        raise UnreadableText(f"too large (over {max_bytes} bytes); not a configuration file")
+    if (nul := data.find(b"\0")) >= 0:
+        raise UnreadableText(f"binary data (a NUL byte at offset {nul}), not a text file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UnreadableText(f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
+
+
+def parse_toml(text: str) -> dict[str, Any]:
+    """tomllib, with every way it can fail as one TOMLDecodeError: it raises RecursionError on deep nesting and
+    ValueError on an integer of more than 4300 digits."""
+    try:
+        return tomllib.loads(text)
+    except RecursionError:
+        raise tomllib.TOMLDecodeError("nested too deeply") from None
+    except tomllib.TOMLDecodeError:
+        raise
+    except ValueError as exc:
+        raise tomllib.TOMLDecodeError(str(exc)[:MAX_MESSAGE]) from None
+
+
+def validation_message(msg: str) -> str:
+    return msg.removeprefix("Value error, ")[:MAX_MESSAGE]
 
 
 class TomlFileError(GovernorError):
@@ -37,19 +95,21 @@ class TomlFileError(GovernorError):
 def load_toml_model(path: Path, model: type[M], error: type[TomlFileError] = TomlFileError) -> M:
     """Read, parse and validate `path` as `model`; any mistake is one `error` naming the file, line and field."""
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise error(path, f"cannot read: {exc.strerror}") from exc
+        text = read_text(path)
+    except UnreadableText as exc:
+        raise error(path, exc.reason) from exc
     try:
-        data = tomllib.loads(text)
+        data = parse_toml(text)
     except tomllib.TOMLDecodeError as exc:
         raise error(path, f"not valid TOML: {exc}") from exc
     try:
         return model.model_validate(data)
-    except ValidationError as exc:
+    except (ValidationError, RecursionError) as exc:
+        if isinstance(exc, RecursionError):
+            raise error(path, "nested too deeply") from None
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"]) or "(top)"
-        raise error(path, f"{field}: {err['msg']}", locate(text, err["loc"])) from exc
+        raise error(path, f"{field}: {validation_message(err['msg'])}", locate(text, err["loc"])) from exc
 
 
 class PolicyError(GovernorError):
@@ -112,19 +172,21 @@ def locate(text: str, loc: Sequence[str | int]) -> int | None:
 
 def parse_policy(text: str, path: Path | str) -> Policy:
     try:
-        data = tomllib.loads(text)
+        data = parse_toml(text)
     except tomllib.TOMLDecodeError as exc:
         found = _TOML_LINE.search(str(exc))
         raise PolicyError(path, int(found.group(1)) if found else None, "", f"not valid TOML: {exc}") from exc
     data.setdefault("name", Path(path).stem)
     try:
         return Policy.model_validate(data)
+    except RecursionError:
+        raise PolicyError(path, None, "", "nested too deeply") from None
     except ValidationError as exc:
         errors = exc.errors()
         err = errors[0]
         loc = err["loc"]
         field = ".".join(str(p) for p in loc)
-        msg = err["msg"].removeprefix("Value error, ")
+        msg = validation_message(err["msg"])
         if err["type"] == "extra_forbidden":
             msg = "unknown key (a typo?)"
         if len(errors) > 1:
@@ -136,7 +198,7 @@ def load_policy(name_or_file: str | Path) -> Policy:
     """A shipped profile (`default`, `raspberry-pi`, ...) or a TOML file; raises PolicyError on any mistake."""
     path = resolve(name_or_file)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise PolicyError(path, None, "", f"cannot read: {exc.strerror}") from exc
+        text = read_text(path)
+    except UnreadableText as exc:
+        raise PolicyError(path, None, "", exc.reason) from exc
     return parse_policy(text, path)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 
-from policies.decision import KvType, State
+from policies.decision import THREADS_MAX, KvType, State, TokensPerS
 
 KV_ORDER: tuple[KvType, ...] = ("f16", "q8_0", "q4_0")  # most precise first; later = smaller KV cache
 MODEL_LARGEST = "largest"  # model selectors resolved against the ladder
@@ -29,28 +29,34 @@ DEFAULT_ZONES: tuple[str, ...] = (
     "acpitz",
 )
 
-Seconds = Annotated[float, Field(ge=0)]
-PositiveSeconds = Annotated[float, Field(gt=0)]
+# Upper bounds that make sense for a device governor: a tick at most once a minute, waits of at most an hour.
+HOUR_S = 3600.0
+Seconds = Annotated[float, Field(ge=0, le=HOUR_S)]
+PositiveSeconds = Annotated[float, Field(gt=0, le=HOUR_S)]
+TickSeconds = Annotated[float, Field(ge=0.01, le=60)]
 Celsius = Annotated[float, Field(ge=-40, le=200)]
 Margin = Annotated[float, Field(ge=0, le=60)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 Percent = Annotated[float, Field(ge=0, le=100)]
+MegaBytes = Annotated[float, Field(ge=0, le=1 << 24)]  # 16 TiB
+Gain = Annotated[float, Field(gt=0, le=1000)]
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class StrictModel(BaseModel):
+    # strict: `threads = "4"` is a mistake to report, not a string to convert; inf/nan are never a setting.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
 
-class Profile(Strict):
+class Profile(StrictModel):
     """What a state asks of the engine. `min_*` are the PI controller's lower bounds (used by the hot state)."""
 
-    threads: int = Field(ge=1, le=256)
+    threads: int = Field(ge=1, le=min(256, THREADS_MAX))
     min_threads: int | None = Field(default=None, ge=1, le=256)
     n_ctx: int = Field(ge=64, le=1 << 20)
     kv_type: KvType = "f16"
-    model: str = Field(default=MODEL_LARGEST, min_length=1)  # a ladder tier name, "largest" or "smallest"
-    max_tokens_per_s: float | None = Field(default=None, gt=0)
-    min_tokens_per_s: float | None = Field(default=None, gt=0)
+    model: str = Field(default=MODEL_LARGEST, min_length=1, max_length=200)  # a ladder tier, "largest", "smallest"
+    max_tokens_per_s: TokensPerS | None = None
+    min_tokens_per_s: TokensPerS | None = None
 
     @model_validator(mode="after")
     def _bounds(self) -> Profile:
@@ -63,15 +69,15 @@ class Profile(Strict):
         return self
 
 
-class Timing(Strict):
-    interval_s: PositiveSeconds = 1.0  # tick while nothing is happening (the kernel's 1 s)
-    mitigating_interval_s: PositiveSeconds = 0.25  # tick while mitigating or a change is pending
+class Timing(StrictModel):
+    interval_s: TickSeconds = 1.0  # tick while nothing is happening (the kernel's 1 s)
+    mitigating_interval_s: TickSeconds = 0.25  # tick while mitigating or a change is pending
     min_dwell_s: Seconds = 2.0  # no state change sooner than this after the last one, except into critical
     recover_dwell_s: Seconds = 20.0  # no move to a less safe state sooner than this after entering the current one
     recover_step_s: PositiveSeconds = 10.0  # coming back: threads rise one at a time, one step per this
 
 
-class Debounce(Strict):
+class Debounce(StrictModel):
     enter_debounce_s: Seconds = 1.0  # the condition must hold this long before it counts
     exit_debounce_s: Seconds = 5.0  # and be gone this long before it stops counting
 
@@ -91,16 +97,18 @@ class Activity(Debounce):
         return self
 
 
-class PiGains(Strict):
+class PiGains(StrictModel):
     """Kernel power_allocator law on a normalised output in [0, 1]; None = the kernel's default gains."""
 
-    k_pu: float | None = Field(default=None, gt=0)  # per °C below the setpoint; default 2/(setpoint - exit)
-    k_po: float | None = Field(default=None, gt=0)  # per °C above the setpoint; default 1/(setpoint - exit)
-    k_i: float | None = Field(default=None, ge=0)  # per °C·s; default k_pu/10
+    k_pu: Gain | None = None  # per °C below the setpoint; default 2/(setpoint - exit)
+    k_po: Gain | None = None  # per °C above the setpoint; default 1/(setpoint - exit)
+    k_i: float | None = Field(default=None, ge=0, le=1000)  # per °C·s; default k_pu/10
 
 
 class Thermal(Debounce):
-    zones: tuple[Annotated[str, Field(min_length=1)], ...] = DEFAULT_ZONES  # fnmatch patterns on the zone type
+    zones: tuple[Annotated[str, Field(min_length=1, max_length=200)], ...] = Field(
+        default=DEFAULT_ZONES, max_length=100, strict=False
+    )  # fnmatch patterns on the zone type
     use_battery_temp: bool = False  # count the battery's temperature as a zone named "battery"
     plausible_max_c: Celsius = 135.0  # a zone reading at or above this is a broken sensor and ignored
     trip_c: Celsius | None = None  # explicit trip; default: the lowest passive trip among trusted zones
@@ -115,8 +123,11 @@ class Thermal(Debounce):
     critical_hysteresis_c: Margin = Field(default=5.0, gt=0)
     forecast_horizon_s: Seconds = 10.0  # ADPF guidance: about 10 s ahead
     forecast_window_s: PositiveSeconds = 20.0
-    forecast_min_points: int = Field(default=4, ge=2)
+    forecast_min_points: int = Field(default=4, ge=2, le=1000)
     forecast_max_rise_c: Margin = 15.0  # noise guard: never forecast more than this above the reading
+    # Trusted zones that give no plausible reading for this long (garbage, absurd, vanished) -> hot limits, reason
+    # "no trustworthy temperature": a governor blind to heat must not run at full speed.
+    untrusted_grace_s: Seconds = 5.0
     pi: PiGains = PiGains()
 
     @model_validator(mode="after")
@@ -146,20 +157,20 @@ class Critical(Debounce):
     exit_debounce_s: Seconds = 10.0
 
 
-class Memory(Strict):
-    reserve_mb: float = Field(default=256.0, ge=0)  # left free for everything else
-    overhead_mb: float = Field(default=150.0, ge=0)  # engine runtime beyond weights, KV and compute buffer
-    floor_mb: float = Field(default=100.0, ge=0)  # available below this -> critical
-    floor_hysteresis_mb: float = Field(default=100.0, ge=0)
-    grow_margin_mb: float = Field(default=64.0, ge=0)  # available must rise this much before we use more
+class Memory(StrictModel):
+    reserve_mb: MegaBytes = 256.0  # left free for everything else
+    overhead_mb: MegaBytes = 150.0  # engine runtime beyond weights, KV and compute buffer
+    floor_mb: MegaBytes = 100.0  # available below this -> critical
+    floor_hysteresis_mb: MegaBytes = 100.0
+    grow_margin_mb: MegaBytes = 64.0  # available must rise this much before we use more
     psi_enter: Percent = 10.0  # psi some avg10 at or above this: shrink
     psi_exit: Percent = 2.0
     psi_shrink_fraction: Fraction = 0.25  # each shrink asks for this much less memory than the current config
     psi_step_s: PositiveSeconds = 5.0  # at most one shrink per this while pressure stays high
     psi_exit_debounce_s: Seconds = 30.0
-    min_ctx: int = Field(default=512, ge=64)
-    ctx_multiple: int = Field(default=256, ge=1)
-    n_batch: int = Field(default=512, ge=1)
+    min_ctx: int = Field(default=512, ge=64, le=1 << 20)
+    ctx_multiple: int = Field(default=256, ge=1, le=1 << 16)
+    n_batch: int = Field(default=512, ge=1, le=1 << 16)
     kv_fallback: bool = True  # quantise the KV cache further before shrinking the context
 
     @model_validator(mode="after")
@@ -169,16 +180,16 @@ class Memory(Strict):
         return self
 
 
-class Policy(Strict):
-    name: str = "custom"
-    description: str = ""
+class Policy(StrictModel):
+    name: str = Field(default="custom", max_length=200)
+    description: str = Field(default="", max_length=10_000)
     timing: Timing = Timing()
     activity: Activity = Activity()
     thermal: Thermal = Thermal()
     battery: Battery = Battery()
     critical: Critical = Critical()
     memory: Memory = Memory()
-    states: dict[State, Profile]
+    states: dict[Annotated[State, Strict(False)], Profile]  # TOML keys are strings; State validates them
 
     @field_validator("states")
     @classmethod

@@ -28,7 +28,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from governor.daemon.supervisor import RestartPolicy
 from governor.errors import GovernorError
-from policies.loader import locate  # the policy files' line finder: tomllib keeps no positions
+from policies.loader import (  # the policy files' reader and line finder: tomllib keeps no positions
+    UnreadableText,
+    locate,
+    parse_toml,
+    read_text,
+    validation_message,
+)
 
 
 class ConfigError(GovernorError):
@@ -36,19 +42,19 @@ class ConfigError(GovernorError):
 
 
 class DaemonConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
     policy: str = "default"
-    root: Path = Path("/")
-    models: Path | None = None
-    control_socket: Path
-    engine_socket: Path
-    state_dir: Path
+    root: Path = Field(default=Path("/"), strict=False)  # TOML gives strings; a Path from the command line
+    models: Path | None = Field(default=None, strict=False)
+    control_socket: Path = Field(strict=False)
+    engine_socket: Path = Field(strict=False)
+    state_dir: Path = Field(strict=False)
     group: str | None = None
-    metrics_textfile: Path | None = None
+    metrics_textfile: Path | None = Field(default=None, strict=False)
     udev: bool = True  # watch power_supply/thermal uevents (says so once and polls when udev is unavailable)
-    drain_timeout_s: float = Field(default=10.0, ge=0)  # at shutdown, how long a running answer may finish
-    stop_timeout_s: float = Field(default=10.0, gt=0)  # beyond the drain, before the engine is killed
+    drain_timeout_s: float = Field(default=10.0, ge=0, le=3600)  # at shutdown, how long a running answer may finish
+    stop_timeout_s: float = Field(default=10.0, gt=0, le=3600)  # beyond the drain, before the engine is killed
     restart: RestartPolicy = RestartPolicy()
 
 
@@ -98,10 +104,10 @@ def load_config(
     text = ""
     if explicit or path.exists():
         try:
-            text = path.read_text()
-            data = tomllib.loads(text)
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+            text = read_text(path)
+            data = parse_toml(text)
+        except UnreadableText as exc:
+            raise ConfigError(f"{path}: {exc.reason}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
     runtime, state = default_dirs(env, euid)
@@ -118,4 +124,4 @@ def load_config(
         field = ".".join(str(p) for p in err["loc"])
         line = locate(text, err["loc"])
         where = f"{path}:{line}" if line else str(path)
-        raise ConfigError(f"{where}: {field}: {err['msg']}") from exc
+        raise ConfigError(f"{where}: {field}: {validation_message(err['msg'])}") from exc

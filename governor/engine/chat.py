@@ -47,20 +47,20 @@ class ChatRequest(BaseModel):
     """The fields of OpenAI's chat completion request this engine honours; unknown fields are ignored (clients
     send many), wrongly typed known fields are a 400. `strict` so that "0.5" is not silently a float."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
     # Optional, as llama.cpp's server and Ollama allow: the governor, not the client, picks the tier.
     model: str | None = Field(default=None, min_length=1)
     messages: list[Message] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=1 << 20)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=1 << 20)
     temperature: float = Field(default=0.8, ge=0, le=2)
     top_p: float = Field(default=0.95, gt=0, le=1)
-    top_k: int = Field(default=40, ge=0)
+    top_k: int = Field(default=40, ge=0, le=1 << 20)
     min_p: float = Field(default=0.05, ge=0, le=1)
-    repeat_penalty: float = Field(default=1.0, gt=0)
+    repeat_penalty: float = Field(default=1.0, gt=0, le=100)
     presence_penalty: float = Field(default=0.0, ge=-2, le=2)
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
     seed: int | None = Field(default=None, ge=0, lt=1 << 32)

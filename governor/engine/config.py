@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from policies.decision import KvType
+from policies.decision import KvType, TokensPerS
 from policies.ladder import ModelLadder
 
 # GGML type ids as llama.cpp's `type_k` / `type_v` take them.
@@ -78,13 +78,13 @@ class ConfigChange(BaseModel):
     `max_tokens_per_s: null` removes the cap, so "absent" and "null" differ: see `model_fields_set`.
     """
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     threads: int | None = Field(default=None, ge=1, le=256)
     n_ctx: int | None = Field(default=None, ge=64, le=1 << 20)
     kv_type: KvType | None = None
-    model: str | None = Field(default=None, min_length=1)
-    max_tokens_per_s: float | None = Field(default=None, gt=0)
+    model: str | None = Field(default=None, min_length=1, max_length=200)
+    max_tokens_per_s: TokensPerS | None = None
 
 
 def models_from_ladder(ladder: ModelLadder) -> dict[str, ModelSpec]:

@@ -132,7 +132,9 @@ def test_cli_check_bad_file_exits_nonzero_with_one_line(tmp_path: Path, capsys: 
     assert main(["policy", "check", str(path)]) == 2
     out, err = capsys.readouterr()
     assert out == ""
-    assert err.strip().splitlines() == [f"governor: error: {path}:2: timing.interval_s: Input should be greater than 0"]
+    assert err.strip().splitlines() == [
+        f"governor: error: {path}:2: timing.interval_s: Input should be greater than or equal to 0.01"
+    ]
 
 
 def test_cli_check_good_file(capsys: pytest.CaptureFixture[str]) -> None:

@@ -69,7 +69,7 @@ def test_defaults_come_from_the_tier(demo_ladder: Path) -> None:
         (["--ctx", "4096"], "allows at most 2048"),
         (["--threads", "0"], "--threads 0"),
         (["--ctx", "0"], "--ctx 0"),
-        (["--max-tokens-per-s", "0"], "must be > 0"),
+        (["--max-tokens-per-s", "0"], "must be between 0.1 and 100000"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(
