@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from policies.decision import PRIORITY, EngineConfig, State
@@ -35,6 +36,9 @@ class Tick:
 
 
 def _n(x: float) -> str:
+    """A number for a sentence; never raises (inputs are bounded where parsed; an explanation must not kill a tick)."""
+    if not math.isfinite(x):
+        return str(x)
     return f"{x:g}" if x == int(x) else f"{x:.1f}"
 
 
@@ -51,6 +55,8 @@ def _why_on(k: Tick, state: State) -> tuple[str, str]:
             return "memory.floor", f"{k.sense.available / MIB:.0f} MiB available < floor {_n(pol.memory.floor_mb)} MiB"
         return "critical.hold", "critical conditions still debouncing"
     if state == State.HOT:
+        if k.sense.untrusted:
+            return "thermal.untrusted", "no trustworthy temperature (every trusted zone unreadable or absurd)"
         if v.temp_c is None or k.sense.forecast_c is None:
             return "thermal.unknown", "temperature unknown, staying hot"
         if v.temp_c < v.hot_enter_c <= k.sense.forecast_c:
@@ -65,8 +71,11 @@ def _why_on(k: Tick, state: State) -> tuple[str, str]:
         return "battery.low", f"battery {level} ≤ {_n(pol.battery.low_percent)} % on battery power"
     window = _n(pol.activity.window_s)
     if state == State.SUSTAINED:
-        enter = pol.activity.enter_fraction * 100
-        return "activity.sustained", f"engine busy {k.sense.busy * 100:.0f} % of the last {window} s ≥ {enter:.0f} %"
+        busy, enter = k.sense.busy * 100, pol.activity.enter_fraction * 100
+        if round(busy) >= round(enter):
+            return "activity.sustained", f"engine busy {busy:.0f} % of the last {window} s ≥ {enter:.0f} %"
+        exit_pct = pol.activity.exit_fraction * 100  # still on by hysteresis: never "22 % ≥ 50 %"
+        return "activity.sustained", f"engine busy {busy:.0f} % of the last {window} s, until below {exit_pct:.0f} %"
     return "activity.idle", f"engine busy {k.sense.busy * 100:.0f} % of the last {window} s"
 
 
@@ -136,7 +145,9 @@ def _rule(k: Tick) -> tuple[str, str]:
     else:
         rule, clause = _why_on(k, k.state)
         clauses.append(clause)
-        if k.sense.pressure:
+        if k.sense.untrusted and k.state == State.HOT:
+            rule = "thermal.untrusted"
+        elif k.sense.pressure:
             rule = "memory.pressure"
         elif k.ramping or (k.prev is not None and k.config.threads > k.prev.threads):
             rule = "recover.step"

@@ -80,6 +80,7 @@ class Governor:
         self._last_fit: Fit | None = None
         self._fit_cache: dict[tuple[int, int, str, int], Fit] = {}
         self._ramping = False
+        self._untrusted_since: float | None = None  # since when trusted zones give no plausible reading
         self._tier_index = self._resolve_tiers()
         self._limits = {state: Limits.of(state, profile) for state, profile in policy.states.items()}
 
@@ -159,8 +160,13 @@ class Governor:
             self._forecast.add(t, temp)
             forecast = self._forecast.predict(temp, self._forecast.slope())
         crit_on = trig[State.CRITICAL].on
+        if not view.untrusted:
+            self._untrusted_since = None
+        elif self._untrusted_since is None:
+            self._untrusted_since = t
+        untrusted = self._untrusted_since is not None and t - self._untrusted_since >= pol.thermal.untrusted_grace_s
         if temp is None or forecast is None:
-            hot_raw, crit_thermal = trig[State.HOT].on, False
+            hot_raw, crit_thermal = trig[State.HOT].on or untrusted, False
         else:
             if trig[State.HOT].on:
                 hot_raw = temp >= view.hot_exit_c or forecast >= view.hot_enter_c
@@ -199,7 +205,7 @@ class Governor:
         return Sense(
             view=view, forecast_c=forecast, busy=busy, battery=battery, on_power=on_power, available=available,
             psi=psi, pressure=pressure, crit_thermal=crit_thermal, crit_battery=crit_battery, crit_memory=crit_memory,
-            cpu_throttled=snapshot.cpu.throttled,
+            cpu_throttled=snapshot.cpu.throttled, untrusted=untrusted,
         )  # fmt: skip
 
     def _gate(self, desired: State, t: float) -> float:

@@ -23,6 +23,9 @@ class ThermalView:
     setpoint_c: float
     critical_c: float
     critical_exit_c: float
+    # Trusted zones exist but none gave a plausible reading (unreadable, garbage, absurd, vanished): unlike a
+    # device with no zone at all, this is a broken sensor, and the policy turns conservative after a grace.
+    untrusted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +44,7 @@ class Sense:
     crit_battery: bool
     crit_memory: bool
     cpu_throttled: bool | None = None  # the kernel or firmware is already holding the clock down
+    untrusted: bool = False  # no trustworthy temperature for longer than the grace: hot limits apply
 
 
 class ZoneFilter:
@@ -64,9 +68,11 @@ class ZoneFilter:
         zone: str | None = None
         passive: tuple[float, str] | None = None
         critical: float | None = None
+        trusted_zones = False
         for reading in snapshot.temperatures:
             if not self.trusted(reading.label):
                 continue
+            trusted_zones = True
             value = reading.temp_c
             if value is not None and value < cfg.plausible_max_c and (temp is None or value > temp):
                 temp, zone = value, reading.label
@@ -106,4 +112,5 @@ class ZoneFilter:
             setpoint_c=setpoint,
             critical_c=crit,
             critical_exit_c=crit - cfg.critical_hysteresis_c,
+            untrusted=trusted_zones and temp is None,
         )

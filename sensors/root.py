@@ -38,7 +38,7 @@ class Root:
 
     def read(self, path: str) -> bytes:
         # os.open/os.read: no text-layer or buffer setup; a sample reads ~100 small files.
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO in a fake tree must not block the sample
         try:
             return os.read(fd, 65536)
         finally:

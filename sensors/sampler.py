@@ -108,6 +108,9 @@ class SensorSampler:
         self._stuck = StuckDetector(stuck_samples)
         self._inventory: Inventory | None = None
         self._pending: list[Problem] = []  # found by a discovery outside sample(): reported by the next sample
+        # Every temperature input ever discovered: one that disappears (zone removed, `temp` deleted or replaced by
+        # a directory) stays in the readings as unknown and in `problems` as vanished, instead of silently leaving.
+        self._known: dict[str, Input] = {}
         self._log = structlog.get_logger("sensors")
 
     def invalidate(self) -> None:
@@ -117,6 +120,7 @@ class SensorSampler:
     def _discover(self, reader: Reader, now: float) -> Inventory:
         inputs = (*discover_zones(self.root, reader), *discover_hwmon(self.root, reader))
         self._stuck.forget_except({i.source for i in inputs})
+        self._known.update((i.source, i) for i in inputs)
         return Inventory(
             inputs=inputs,
             supplies=tuple(discover_supplies(self.root, reader)),
@@ -160,6 +164,12 @@ class SensorSampler:
             Temperature(source=i.source, kind=i.kind, label=i.label, temp_c=values[i.source], trips=i.trips)
             for i in inv.inputs
         ]
+        for gone in (i for source, i in self._known.items() if source not in values):
+            if not any(p.path == self.root.display(gone.path) for p in reader.problems):
+                reader.problem(gone.path, "vanished: no longer readable")
+            temperatures.append(
+                Temperature(source=gone.source, kind=gone.kind, label=gone.label, temp_c=None, trips=gone.trips)
+            )
         battery = read_battery(reader, list(inv.supplies))
         if self.termux is not None and (battery is None or battery.percent is None):
             from_termux, problems = self.termux.latest()

@@ -89,7 +89,8 @@ def test_a_directory_where_a_file_should_be_gives_a_real_eisdir(tree: FakeTree) 
     assert problems(snapshot) == [("/sys/class/thermal/thermal_zone0/temp", "EISDIR: Is a directory")]
 
 
-def test_a_file_that_vanishes_is_reported_once_then_rediscovered(tree: FakeTree) -> None:
+def test_a_vanished_sensor_stays_unknown_and_named(tree: FakeTree) -> None:
+    """Rediscovered after it vanished, but never silently dropped: a governor must not lose sight of a zone."""
     tree.thermal_zone(0)
     tree.thermal_zone(1)
     sampler = SensorSampler(tree.root, cpu_util=None, rediscover_s=3600)
@@ -100,9 +101,13 @@ def test_a_file_that_vanishes_is_reported_once_then_rediscovered(tree: FakeTree)
     assert problems(snapshot) == [
         ("/sys/class/thermal/thermal_zone1/temp", "vanished: no such file (rediscovering)"),
     ]
-    snapshot = sampler.sample()
-    assert [t.source for t in snapshot.temperatures] == ["thermal_zone0"]
-    assert snapshot.problems == ()
+    for _ in range(2):
+        snapshot = sampler.sample()
+        assert [(t.source, t.temp_c) for t in snapshot.temperatures] == [
+            ("thermal_zone0", 45.0),
+            ("thermal_zone1", None),
+        ]
+        assert problems(snapshot) == [("/sys/class/thermal/thermal_zone1/temp", "vanished: no longer readable")]
 
 
 def test_new_devices_appear_after_the_rediscovery_period(tree: FakeTree) -> None:
