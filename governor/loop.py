@@ -79,11 +79,21 @@ class GovernorLoop:
             listener(t, snapshot, observed, decision)
         return decision
 
-    def run(self, stop: threading.Event) -> None:
-        """Tick until `stop` is set; a set `wake` cuts the wait short. `stop` should also set `wake`."""
+    def run(self, stop: threading.Event, on_error: Callable[[Exception], float] | None = None) -> None:
+        """Tick until `stop` is set; a set `wake` cuts the wait short. `stop` should also set `wake`.
+
+        `on_error` (the daemon's): an unexpected exception in a tick is handed to it and the loop carries on after
+        the pause it returns; without it (the lab, tests) the exception propagates.
+        """
         while not stop.is_set():
-            for hook in self.before_tick:
-                hook()
-            decision = self.tick()
-            self.clock.wait(self.wake, self.decider.interval_s(decision))
+            try:
+                for hook in self.before_tick:
+                    hook()
+                decision = self.tick()
+                interval = self.decider.interval_s(decision)
+            except Exception as exc:
+                if on_error is None:
+                    raise
+                interval = on_error(exc)
+            self.clock.wait(self.wake, interval)
             self.wake.clear()

@@ -28,6 +28,7 @@ from governor.daemon.supervisor import EngineSupervisor, SupervisedDecider
 from governor.engine.client import EngineClient, EngineUnavailable
 from governor.errors import GovernorError
 from governor.loop import Decider, GovernorLoop
+from governor.unixsock import check_private_dir
 from policies.ladder import ModelLadder, load_ladder
 from sensors.events import UdevEvent, UdevEvents
 from sensors.sampler import make_sampler
@@ -79,9 +80,11 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
     env = os.environ if env is None else env
     for directory in (config.state_dir, config.control_socket.parent, config.engine_socket.parent):
         try:
-            directory.mkdir(parents=True, exist_ok=True)
+            directory.mkdir(mode=0o755, parents=True, exist_ok=True)  # never group/other-writable
         except OSError as exc:
             raise GovernorError(f"{directory}: cannot create: {exc.strerror} (set it in the config file)") from exc
+    for directory in {config.control_socket.parent, config.engine_socket.parent}:
+        check_private_dir(directory, GovernorError)
     lpath = ladder_path(config)
     ladder = load_ladder(lpath)
     load_decider = policy_loader(ladder, lpath)
@@ -89,13 +92,32 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
 
     sensors = make_sampler(config.root, environ=env)
     state = DaemonState()
-    client = EngineClient(config.engine_socket, timeout_s=5.0)
+    client = EngineClient(config.engine_socket, timeout_s=2.0)  # a hung engine must not stall the loop for long
+    prober = EngineClient(config.engine_socket, timeout_s=config.restart.probe_timeout_s)
+    log = structlog.get_logger("governor.daemon")
+
+    def ours(pid: object) -> bool:
+        """The engine answering is our child: another daemon's engine on the same socket is never taken over."""
+        if pid == supervisor.pid:
+            return True
+        log.error("another engine answers on our socket; not using it", socket=str(config.engine_socket), pid=pid)
+        return False
 
     def ready(timeout_s: float) -> bool:
         try:
-            client.wait_ready(timeout_s)
+            status = client.wait_ready(timeout_s)
         except EngineUnavailable:
             return False
+        return ours((status.model_extra or {}).get("pid"))
+
+    def probe(timeout_s: float) -> bool:
+        try:
+            status = prober.status()
+        except GovernorError:
+            return False
+        if not ours((status.model_extra or {}).get("pid")):
+            return False
+        engine.correct_drift(status.model_dump())
         return True
 
     loop_ref: list[GovernorLoop] = []  # the supervisor and holds wake the loop, which is built after them
@@ -108,7 +130,7 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
 
     supervisor = EngineSupervisor(
         command=lambda cfg: engine_command(
-            lpath, config.engine_socket, cfg, drain_s=config.drain_timeout_s, group_access=config.group is not None
+            lpath, config.engine_socket, cfg, drain_s=config.drain_timeout_s, group=config.group
         ),
         ready=ready,
         configure=client.apply,
@@ -117,6 +139,7 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
         clock=clock,
         latest_snapshot=lambda: state.snapshot,
         on_change=wake,
+        probe=probe,
     )
     decider = SupervisedDecider(inner, supervisor)
     engine = SupervisedEngine(client, supervisor)
@@ -133,7 +156,7 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
             "holds": float(len(holds.all())),
         },
     )
-    closeables: tuple[Closeable, ...] = (client, sensors)
+    closeables: tuple[Closeable, ...] = (client, prober, sensors)
     return Daemon(
         config=config,
         clock=clock,

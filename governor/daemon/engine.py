@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -29,11 +30,11 @@ class EngineLink(Protocol):
 
 
 def engine_command(
-    ladder: Path, socket_path: Path, config: EngineConfig, *, drain_s: float = 10.0, group_access: bool = False
+    ladder: Path, socket_path: Path, config: EngineConfig, *, drain_s: float = 10.0, group: str | None = None
 ) -> list[str]:
     """The child's argv: the engine process of the engine issue, with this decision's settings. On SIGTERM it
     stops accepting and lets the running answer finish for `drain_s`, then stops it at a token boundary."""
-    return [
+    argv = [
         sys.executable,
         "-m",
         "governor",
@@ -54,8 +55,9 @@ def engine_command(
         "--drain-s",
         f"{drain_s:g}",
         "--socket-mode",
-        "0660" if group_access else "0600",  # the chat socket is as open as the control socket, no more
+        "0660" if group else "0600",  # the chat socket is as open as the control socket, no more
     ]
+    return [*argv, "--socket-group", group] if group else argv
 
 
 class SupervisedEngine:
@@ -64,6 +66,7 @@ class SupervisedEngine:
         self.supervisor = supervisor
         self._cond = threading.Condition()
         self._next: EngineConfig | None = None
+        self._in_flight = False
         self._stopping = False
         self._stats: ProcessStats | None = None
         self._thread = threading.Thread(target=self._apply_latest, name="engine-applier", daemon=True)
@@ -96,12 +99,32 @@ class SupervisedEngine:
                 if self._stopping:
                     return
                 config, self._next = self._next, None
+                self._in_flight = config is not None
             if config is None or not self.supervisor.ready:
+                self._in_flight = False
                 continue  # a (re)starting engine gets the latest desired config once it is ready
+            capped = self.supervisor.capped(config)
             try:
-                self.link.apply(self.supervisor.capped(config))
+                self.link.apply(capped)
             except (GovernorError, OSError) as exc:  # refused or unreachable: the next decision or restart retries
                 self._log.warning("engine did not take the config", error=str(exc), **config.model_dump())
+            finally:
+                self._in_flight = False
+
+    def correct_drift(self, running: Mapping[str, object]) -> None:
+        """The engine runs other settings than the loop wants (someone posted to its /engine/config): log the drift
+        and apply ours again. Not while a config is on its way to it (the engine may be half way there)."""
+        desired = self.supervisor.desired
+        with self._cond:
+            if desired is None or self._in_flight or self._next is not None or self._stopping:
+                return
+            ours = self.supervisor.capped(desired)
+            drift = {k: [running.get(k), v] for k, v in ours.model_dump().items() if running.get(k) != v}
+            if not drift:
+                return
+            self._next = ours
+            self._cond.notify()
+        self._log.warning("engine config drifted (engine, ours); applying ours again", drift=drift)
 
     def close(self) -> None:
         with self._cond:

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 
 import structlog
 
+SEND_TIMEOUT_S = 1.0
+
 
 class Notifier:
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
@@ -38,6 +40,7 @@ class Notifier:
         message = "\n".join(f"{key}={value}" for key, value in fields.items()).encode()
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+                sock.settimeout(SEND_TIMEOUT_S)  # a congested receiver costs a message, never a stalled loop
                 sock.sendto(message, self._address)
         except OSError as exc:
             self._log.warning("sd_notify failed", socket=self._address.replace("\0", "@"), error=str(exc))

@@ -34,6 +34,7 @@ from policies.decision import Decision, Hold
 from sensors.snapshot import EngineObservation, Snapshot, TraceRecord
 
 RELOAD_WAIT_S = 30.0
+ERROR_PAUSE_S = 1.0  # after a tick that failed unexpectedly, the next try comes this much later
 
 
 class Closeable(Protocol):
@@ -76,6 +77,8 @@ class Daemon:
         self._waiters_lock = threading.Lock()
         self.policy_name = config.policy
         self.policy_error: str | None = None
+        self.loop_errors = 0
+        self.last_error: str | None = None  # the latest unexpected failure in the loop, for status
         self._ready_sent = False
         self._status_sent = ""
         self._log = structlog.get_logger("governor.daemon")
@@ -92,7 +95,7 @@ class Daemon:
             if self.events is not None:
                 self.events.start()
             self._log.info("governor running", control_socket=str(self.config.control_socket), policy=self.policy_name)
-            self.loop.run(self.stop)
+            self.loop.run(self.stop, on_error=self._tick_failed)
         finally:
             self.shutdown()
         return 0
@@ -145,6 +148,15 @@ class Daemon:
         log.info("stopped")
 
     # -- between and after ticks (the loop's thread) ------------------------------------------------------------
+    def _tick_failed(self, exc: Exception) -> float:
+        """A bug or an input nobody foresaw: log it with its traceback, say so in status, and tick again."""
+        self.loop_errors += 1
+        self.last_error = f"tick failed: {type(exc).__name__}: {exc}"[:400]
+        self._log.error("tick failed; carrying on", error=self.last_error, exc_info=exc)
+        if self._ready_sent:
+            self.notifier.watchdog(self.clock.now())  # the loop is not stuck: it runs and reports
+        return ERROR_PAUSE_S
+
     def _between_ticks(self) -> None:
         if not self._reload.is_set():
             return
@@ -153,10 +165,16 @@ class Daemon:
         result: dict[str, Any]
         try:
             self.decider.inner = self._load_decider(self.config.policy)
-        except GovernorError as exc:
-            self.policy_error = str(exc)
-            self._log.error("reload failed; keeping the last good policy", error=str(exc), policy=self.policy_name)
-            result = {"ok": False, "error": f"reload failed, kept the last good policy: {exc}"}
+        except Exception as exc:  # GovernorError is the expected kind; anything else is a bug, never a dead daemon
+            expected = isinstance(exc, GovernorError)
+            self.policy_error = str(exc) if expected else f"{type(exc).__name__}: {exc}"[:400]
+            self._log.error(
+                "reload failed; keeping the last good policy",
+                error=self.policy_error,
+                policy=self.policy_name,
+                exc_info=None if expected else exc,
+            )
+            result = {"ok": False, "error": f"reload failed, kept the last good policy: {self.policy_error}"}
         else:
             self.policy_error = None
             self.supervisor.reset()
@@ -179,7 +197,8 @@ class Daemon:
         return line[:400]
 
     def _after_tick(self, t: float, _s: Snapshot, _o: EngineObservation | None, _decision: Decision) -> None:
-        self.notifier.watchdog(t)
+        if self._ready_sent:  # systemd arms the watchdog once start-up is complete (READY=1): no pings before
+            self.notifier.watchdog(t)
         line = self._status_line()
         if not self._ready_sent and (self.supervisor.ready or self.supervisor.status.critical is not None):
             # Ready once sensors gave a sample and the engine answers (or supervision gave up: say so, not crash).
@@ -201,6 +220,7 @@ class Daemon:
         view.update(
             pid=os.getpid(),
             policy={"name": self.policy_name, "error": self.policy_error},
+            errors={"loop": self.loop_errors, "last": self.last_error, "control": self.control.errors},
             supervisor={k: v for k, v in asdict(sup).items() if k != "cap"}
             | {"cap": sup.cap.model_dump() if sup.cap else None},
             holds=[

@@ -28,15 +28,20 @@ MIN_CTX = 256
 
 
 class RestartPolicy(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
-    initial_s: float = Field(default=1.0, gt=0)
-    factor: float = Field(default=2.0, ge=1)
-    max_s: float = Field(default=60.0, gt=0)
-    max_failures: int = Field(default=5, ge=1)  # consecutive quick deaths before giving up (critical)
-    stable_s: float = Field(default=60.0, gt=0)  # an engine that lived this long resets the failure count
-    oom_psi_some_avg10: float = Field(default=10.0, ge=0)  # PSI at a SIGKILL that counts as a memory kill
-    ready_timeout_s: float = Field(default=120.0, gt=0)
+    initial_s: float = Field(default=1.0, gt=0, le=3600)
+    factor: float = Field(default=2.0, ge=1, le=10)
+    max_s: float = Field(default=60.0, gt=0, le=86400)
+    max_failures: int = Field(default=5, ge=1, le=1000)  # consecutive quick deaths before giving up (critical)
+    stable_s: float = Field(default=60.0, gt=0, le=86400)  # an engine that lived this long resets the failure count
+    oom_psi_some_avg10: float = Field(default=10.0, ge=0, le=100)  # PSI at a SIGKILL that counts as a memory kill
+    ready_timeout_s: float = Field(default=120.0, gt=0, le=3600)
+    # A hung engine (stopped, deadlocked) is as dead as a crashed one: probed every probe_interval_s while it runs,
+    # killed and restarted after hang_s without an answer.
+    probe_interval_s: float = Field(default=2.0, gt=0, le=600)
+    probe_timeout_s: float = Field(default=2.0, gt=0, le=600)
+    hang_s: float = Field(default=10.0, gt=0, le=3600)
 
     def delay_s(self, failures: int) -> float:
         return float(min(self.max_s, self.initial_s * self.factor ** max(0, failures - 1)))
@@ -105,6 +110,13 @@ def memory_kill_evidence(
     return None
 
 
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 class EngineSupervisor:
     def __init__(
         self,
@@ -118,10 +130,11 @@ class EngineSupervisor:
         latest_snapshot: Callable[[], Snapshot | None] = lambda: None,
         on_change: Callable[[], None] = lambda: None,
         kernel_log: Callable[[], str | None] = read_kernel_log,
+        probe: Callable[[float], bool] = lambda _timeout_s: True,
     ) -> None:
         """`command(config)` is the child's argv; `ready(timeout_s)` waits for its socket; `configure` applies a
-        config to a running child (the engine client)."""
-        self._command, self._ready, self._configure = command, ready, configure
+        config to a running child (the engine client); `probe(timeout_s)` asks a running child whether it answers."""
+        self._command, self._ready, self._configure, self._probe = command, ready, configure, probe
         self.ladder, self.restart, self.clock = ladder, restart, clock
         self._latest_snapshot, self._on_change, self._kernel_log = latest_snapshot, on_change, kernel_log
         self._lock = threading.Lock()
@@ -157,26 +170,71 @@ class EngineSupervisor:
     # -- the supervising thread -----------------------------------------------------------------------------------
     def _supervise(self) -> None:
         while not self._stop.is_set():
-            config = self.desired
-            if config is None:
-                return
-            config = self.capped(config)
-            argv = list(self._command(config))
-            started = self.clock.now()
+            try:
+                if not self._supervise_once():
+                    return
+            except Exception as exc:  # a bug must not end supervision: say so, back off, try again
+                self._log.error("supervision failed; retrying", exc_info=exc)
+                with self._lock:
+                    self.status.last_exit = f"supervision failed: {type(exc).__name__}: {exc}"[:400]
+                self._stop.wait(self.restart.initial_s)
+
+    def _supervise_once(self) -> bool:
+        """Start the engine, watch it until it exits; False when there is nothing (more) to supervise."""
+        config = self.desired
+        if config is None:
+            return False
+        config = self.capped(config)
+        argv = list(self._command(config))
+        started = self.clock.now()
+        try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
-            with self._lock:
-                self._proc = proc
-                self.status.running, self.status.ready, self.status.pid = True, False, proc.pid
-                self.status.starts += 1
-            self._log.info("engine started", pid=proc.pid, model=config.model, threads=config.threads)
-            if self._wait_ready(proc):
+        except OSError as exc:  # e.g. EMFILE (out of file descriptors) or EAGAIN: a failed start, retried
+            self._log.error("engine could not start", error=str(exc))
+            self._after_exit(None, 0, 0.0, config, how=f"could not start ({exc.strerror or exc})")
+            return True
+        with self._lock:
+            self._proc = proc
+            self.status.running, self.status.ready, self.status.pid = True, False, proc.pid
+            self.status.starts += 1
+        self._log.info("engine started", pid=proc.pid, model=config.model, threads=config.threads)
+        if self._wait_ready(proc):
+            self._on_change()
+        returncode, hung = self._watch(proc)
+        with self._lock:
+            self.status.running, self.status.ready, self.status.pid = False, False, None
+        if self._stop.is_set():
+            return False
+        self._after_exit(returncode, proc.pid, self.clock.now() - started, config, how=hung)
+        return True
+
+    def _watch(self, proc: subprocess.Popen[bytes]) -> tuple[int, str | None]:
+        """Wait for the child to exit; kill it once it has not answered a probe for `hang_s` (e.g. SIGSTOPped)."""
+        silent_since: float | None = None
+        probing = self.status.ready  # an engine that never became ready was killed by _wait_ready already
+        while True:
+            try:
+                return proc.wait(self.restart.probe_interval_s), None
+            except subprocess.TimeoutExpired:
+                pass
+            if self._stop.is_set() or not probing:
+                continue
+            answers = self._probe(self.restart.probe_timeout_s)
+            if answers == (silent_since is not None):  # it stopped answering, or answers again
+                with self._lock:
+                    self.status.ready = answers  # status says "not answering" while it is silent
+                self._log.warning("engine answers again" if answers else "engine does not answer", pid=proc.pid)
                 self._on_change()
-            returncode = proc.wait()
-            with self._lock:
-                self.status.running, self.status.ready, self.status.pid = False, False, None
-            if self._stop.is_set():
-                return
-            self._after_exit(returncode, proc.pid, self.clock.now() - started, config)
+            if answers:
+                silent_since = None
+                continue
+            now = self.clock.now()
+            silent_since = now if silent_since is None else silent_since
+            if now - silent_since >= self.restart.hang_s:
+                silent = now - silent_since + self.restart.probe_timeout_s
+                self._log.error("engine hung; killing it", pid=proc.pid, silent_s=round(silent, 1))
+                proc.kill()
+                return proc.wait(), f"hung (no answer for {silent:.0f} s), killed"
 
     def _wait_ready(self, proc: subprocess.Popen[bytes]) -> bool:
         deadline = self.clock.now() + self.restart.ready_timeout_s
@@ -198,10 +256,17 @@ class EngineSupervisor:
                 return False
         return False
 
-    def _after_exit(self, returncode: int, pid: int, lived_s: float, config: EngineConfig) -> None:
-        how = f"killed by {signal.Signals(-returncode).name}" if returncode < 0 else f"exited with status {returncode}"
-        evidence = memory_kill_evidence(
-            returncode, pid, self._latest_snapshot(), self.restart.oom_psi_some_avg10, self._kernel_log
+    def _after_exit(
+        self, returncode: int | None, pid: int, lived_s: float, config: EngineConfig, how: str | None = None
+    ) -> None:
+        if how is None and returncode is not None:
+            how = f"killed by {_signal_name(-returncode)}" if returncode < 0 else f"exited with status {returncode}"
+        evidence = (
+            None
+            if returncode is None
+            else memory_kill_evidence(
+                returncode, pid, self._latest_snapshot(), self.restart.oom_psi_some_avg10, self._kernel_log
+            )
         )
         with self._lock:
             st = self.status

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+import pytest
+
 from governor.clock import VirtualClock
 from governor.loop import GovernorLoop
 from policies.decision import Decision, EngineConfig, Hold, State
@@ -96,3 +98,42 @@ def test_holds_in_force_reach_the_decider_and_wake_cuts_the_wait() -> None:
     loop.tick()
     assert decider.holds_seen[-1] == tuple(held)
     assert [c.threads for c in engine.applied] == [4, 1]
+
+
+class Flaky(Engine):
+    """An engine link that raises something nobody expected on some ticks."""
+
+    def __init__(self, fail_on: set[int]) -> None:
+        super().__init__()
+        self.fail_on, self.calls = fail_on, 0
+
+    def observe(self) -> EngineObservation:
+        self.calls += 1
+        if self.calls in self.fail_on:
+            raise OverflowError("cannot convert float infinity to integer")
+        return super().observe()
+
+
+def test_an_unexpected_error_costs_one_tick_when_the_daemon_asks_for_that() -> None:
+    engine, clock, stop = Flaky({2, 3}), VirtualClock(), threading.Event()
+    errors: list[Exception] = []
+    times: list[float] = []
+
+    def listener(t: float, _s: Snapshot, _o: EngineObservation | None, _d: Decision) -> None:
+        times.append(t)
+        if len(times) == 3:
+            stop.set()
+
+    def on_error(exc: Exception) -> float:
+        errors.append(exc)
+        return 5.0
+
+    GovernorLoop(Sensors(), Threshold(), engine, clock, listeners=[listener]).run(stop, on_error=on_error)
+    assert [type(e) for e in errors] == [OverflowError, OverflowError]
+    assert times == [0.0, 11.0, 12.0]  # tick, two failures 5 s apart, then ticking again
+
+
+def test_without_an_error_handler_the_error_propagates() -> None:
+    loop = GovernorLoop(Sensors(), Threshold(), Flaky({1}), VirtualClock())
+    with pytest.raises(OverflowError):  # the lab and tests must see a bug, not a loop that hides it
+        loop.run(threading.Event())

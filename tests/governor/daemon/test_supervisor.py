@@ -199,3 +199,33 @@ def test_stop_terminates_the_engine(harness: Harness) -> None:
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     assert harness.supervisor.status.starts == 1  # stopping is not a death to restart from
+
+
+def test_a_silent_engine_is_killed_and_restarted() -> None:
+    """The probe gets no answer (a SIGSTOPped or deadlocked engine): not ready meanwhile, killed after hang_s."""
+    answers = [True]
+    policy = RestartPolicy(initial_s=0.01, max_s=0.05, probe_interval_s=0.05, probe_timeout_s=0.01, hang_s=0.3)
+    h = Harness(SLEEPER, restart=policy)
+    h.supervisor._probe = lambda _timeout_s: answers[0]
+    h.supervisor.want(LARGE)
+    first = ready_pid(h.supervisor)
+    try:
+        answers[0] = False
+        eventually(lambda: not h.supervisor.ready)
+        eventually(lambda: h.supervisor.status.starts == 2, timeout_s=10)
+        assert "hung (no answer for" in str(h.supervisor.status.last_exit)
+        answers[0] = True
+        assert ready_pid(h.supervisor) != first
+    finally:
+        h.supervisor.stop(5.0)
+
+
+def test_an_engine_that_cannot_be_started_is_retried_and_reported() -> None:
+    h = Harness(["/nonexistent/engine"])
+    h.supervisor.want(LARGE)
+    try:
+        eventually(lambda: h.supervisor.status.critical is not None, timeout_s=10)
+        assert "could not start (No such file or directory)" in str(h.supervisor.status.last_exit)
+        assert len(h.started) == FAST.max_failures  # tried each time, not one dead thread
+    finally:
+        h.supervisor.stop(5.0)
