@@ -11,6 +11,33 @@ from pathlib import Path
 from governor.errors import GovernorError
 
 
+def private_dir_problem(path: Path, euid: int | None = None) -> str | None:
+    """Why `path` may not hold our sockets, or None: it must be a real directory (not a symlink) owned by us or
+    root, writable by no one else (OpenSSH's and tmux's rule). Otherwise another user could replace a socket."""
+    euid = os.geteuid() if euid is None else euid
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"{path}: cannot check: {exc.strerror}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path}: not a directory (a symlink or file); refusing to put sockets there"
+    if st.st_uid not in (euid, 0):
+        return f"{path}: owned by uid {st.st_uid}, not by us (uid {euid}); refusing to put sockets there"
+    if st.st_mode & 0o022:
+        who = {0o022: "group and others", 0o020: "group", 0o002: "others"}[st.st_mode & 0o022]
+        return (
+            f"{path}: writable by {who} (mode {stat.S_IMODE(st.st_mode):04o}); refusing to put sockets there "
+            "(chmod go-w, or remove it)"
+        )
+    return None
+
+
+def check_private_dir(path: Path, error: Callable[[str], GovernorError]) -> None:
+    problem = private_dir_problem(path)
+    if problem is not None:
+        raise error(problem)
+
+
 def clear_stale_socket(
     path: Path, error: Callable[[str], GovernorError], *, in_use: str = "another process is serving on it"
 ) -> None:

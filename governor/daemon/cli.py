@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,15 +16,34 @@ if TYPE_CHECKING:
     from governor.daemon.client import ControlClient
 
 
-def default_control_socket() -> Path:
-    """$GOVERNOR_CONTROL_SOCKET, else this user's daemon if it runs, else the system daemon's."""
+def default_control_socket(env: Mapping[str, str] | None = None, euid: int | None = None) -> Path:
+    """$GOVERNOR_CONTROL_SOCKET, else where the daemon would put it, in the daemon's order: this user's runtime
+    directory (as `governor run` by this user would choose it), then the system daemon's. A directory that another
+    user owns or can write is skipped with a warning: a socket there could be anyone's."""
     from governor.daemon.config import default_dirs
+    from governor.unixsock import private_dir_problem
 
-    if os.environ.get("GOVERNOR_CONTROL_SOCKET"):
-        return Path(os.environ["GOVERNOR_CONTROL_SOCKET"])
-    mine = default_dirs()[0] / "control.sock"
-    system = Path("/run/governor/control.sock")
-    return mine if mine.exists() or not system.exists() else system
+    env = os.environ if env is None else env
+    euid = os.geteuid() if euid is None else euid
+    if env.get("GOVERNOR_CONTROL_SOCKET"):
+        return Path(env["GOVERNOR_CONTROL_SOCKET"])
+    from governor.errors import GovernorError
+
+    candidates = dict.fromkeys([default_dirs(env, euid)[0] / "control.sock", default_dirs({}, 0)[0] / "control.sock"])
+    safe: list[Path] = []
+    problems: list[str] = []
+    for sock in candidates:
+        problem = private_dir_problem(sock.parent, euid) if sock.parent.exists() else None
+        if problem is not None:
+            print(f"governor: not using {sock}: {problem}", file=sys.stderr)
+            problems.append(problem)
+        elif sock.exists():
+            return sock
+        else:
+            safe.append(sock)
+    if not safe:
+        raise GovernorError(f"no trustworthy control socket: {'; '.join(problems)}")
+    return safe[0]  # nobody runs yet: the error names where this user's daemon would listen
 
 
 def _client(args: argparse.Namespace) -> ControlClient:
@@ -133,9 +153,15 @@ def _metrics(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace) -> int:
+    from governor.errors import GovernorError
+
     client = _client(args)
     lines = 0
-    with args.file.open("w") as out:
+    try:
+        out = args.file.open("w")
+    except OSError as exc:
+        raise GovernorError(f"{args.file}: cannot write: {exc.strerror}") from None
+    with out:
         try:
             for line in client.record(args.seconds):
                 out.write(line + "\n")

@@ -9,6 +9,7 @@ keep the connection open: `hold` (the hold lives exactly as long as the connecti
 from __future__ import annotations
 
 import contextlib
+import errno
 import grp
 import json
 import os
@@ -17,18 +18,52 @@ import socket
 import socketserver
 import struct
 import threading
+import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 import structlog
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from governor.errors import GovernorError
-from governor.unixsock import clear_stale_socket
-from policies.decision import Hold, State
+from governor.unixsock import check_private_dir, clear_stale_socket
+from policies.decision import Hold, State, Threads, TokensPerS
 from sensors.snapshot import TraceRecord
 
 POLL_S = 0.25  # how often a held connection checks its TTL and the server's shutdown
+READ_TIMEOUT_S = 5.0  # a connection must send its request line within this; an idle one is closed
+MAX_LINE = 65536
+# One thread per connection, capped: a local user opening connections and sending nothing cannot exhaust the
+# daemon's threads or file descriptors. Root and the daemon's own user get a reserve beyond the cap, so an
+# administrator's `governor status` still answers during a flood.
+MAX_CONNECTIONS = 32
+RESERVED_CONNECTIONS = 16
+DAY_S = 86400.0
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class _Plain(_Request):
+    cmd: Literal["status", "reload", "metrics", "record"]
+
+
+class _Why(_Request):
+    cmd: Literal["why"]
+    n: int = Field(default=10, ge=1, le=1000)
+
+
+class _Hold(_Request):
+    cmd: Literal["hold"]
+    state: State | None = Field(default=None, strict=False)
+    max_threads: Threads | None = None
+    max_tokens_per_s: TokensPerS | None = None
+    ttl_s: float | None = Field(default=None, gt=0, le=DAY_S)
+
+
+_REQUEST: TypeAdapter[_Plain | _Why | _Hold] = TypeAdapter(Annotated[_Plain | _Why | _Hold, Field(discriminator="cmd")])
+COMMANDS = "status, why, reload, metrics, hold or record"
 
 
 class ControlError(GovernorError):
@@ -49,29 +84,52 @@ class ControlApi(Protocol):
     def unsubscribe(self, q: queue.Queue[TraceRecord | None]) -> None: ...
 
 
-def _peer(sock: socket.socket) -> str:
+def peer_credentials(sock: socket.socket) -> tuple[int, int] | None:
+    """(pid, uid) of the process at the other end, from the kernel (SO_PEERCRED): never what the client says."""
     try:
         pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
     except (OSError, AttributeError):  # not Linux
-        return "client"
-    return f"pid {pid} uid {uid}"
+        return None
+    return pid, uid
+
+
+def _peer(sock: socket.socket) -> str:
+    cred = peer_credentials(sock)
+    return "unknown peer" if cred is None else f"pid {cred[0]} uid {cred[1]}"
+
+
+def _bad_request(exc: ValidationError) -> str:
+    err = exc.errors(include_url=False)[0]
+    if err["type"] == "json_invalid":
+        return f"not JSON: {err['msg']}"
+    if err["type"] == "union_tag_invalid":
+        return f"unknown command {err['input'].get('cmd')!r}; expected {COMMANDS}"
+    if err["type"] == "union_tag_not_found":
+        return f'a request needs a "cmd": {COMMANDS}'
+    loc = [str(p) for p in err["loc"][1:]]  # the first is the command's tag
+    if loc == ["state"] and err["type"] == "enum":
+        return f"unknown state {err['input']!r}; expected one of {', '.join(s.value for s in State)}"
+    msg = err["msg"].removeprefix("Value error, ")[:200]
+    return f"{'.'.join(loc)}: {msg}" if loc else msg
 
 
 class _Handler(socketserver.StreamRequestHandler):
     server: _Server
+    timeout = READ_TIMEOUT_S  # applied to the socket in setup(): no connection waits forever for a line
 
     def handle(self) -> None:
-        self.server.track(self.request, add=True)
         try:
-            line = self.rfile.readline(65536).decode(errors="replace").strip()
+            raw = self.rfile.readline(MAX_LINE)
+            if len(raw) >= MAX_LINE and not raw.endswith(b"\n"):
+                self._send({"ok": False, "error": f"bad request: longer than {MAX_LINE} bytes"})
+                return
+            line = raw.decode(errors="replace").strip()
             if line.startswith("GET "):
                 self._http(line)
             elif line:
                 self._json(line)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client went away; nothing of it stays behind
-        finally:
-            self.server.track(self.request, add=False)
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            pass  # the client went away or sent nothing in time; nothing of it stays behind
 
     def _send(self, obj: dict[str, Any]) -> None:
         self.wfile.write(json.dumps(obj).encode() + b"\n")
@@ -92,43 +150,43 @@ class _Handler(socketserver.StreamRequestHandler):
     def _json(self, line: str) -> None:
         api = self.server.api
         try:
-            req = json.loads(line)
-            if not isinstance(req, dict):
-                raise ValueError("a request is a JSON object")
-            cmd = req.get("cmd")
-            if cmd == "status":
-                self._send({"ok": True, "status": api.status()})
-            elif cmd == "why":
-                self._send({"ok": True, "decisions": api.why(int(req.get("n", 10)))})
-            elif cmd == "reload":
-                self._send(api.reload())
-            elif cmd == "metrics":
-                self._send({"ok": True, "text": api.metrics()})
-            elif cmd == "hold":
+            req = _REQUEST.validate_json(line)
+        except ValidationError as exc:
+            self._send({"ok": False, "error": f"bad request: {_bad_request(exc)}"})
+            return
+        try:
+            if isinstance(req, _Why):
+                self._send({"ok": True, "decisions": api.why(req.n)})
+            elif isinstance(req, _Hold):
                 self._hold(req)
-            elif cmd == "record":
-                self._record()
+            elif req.cmd == "status":
+                self._send({"ok": True, "status": api.status()})
+            elif req.cmd == "reload":
+                self._send(api.reload())
+            elif req.cmd == "metrics":
+                self._send({"ok": True, "text": api.metrics()})
             else:
-                raise ValueError(f"unknown command {cmd!r}; expected status, why, reload, metrics, hold or record")
-        except (ValueError, TypeError, ValidationError) as exc:
-            reason = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
-            self._send({"ok": False, "error": f"bad request: {reason}"})
+                self._record()
+        except (OSError, TimeoutError):
+            raise
+        except Exception as exc:  # one request's bug must not take the server down: log it, answer, carry on
+            structlog.get_logger("governor.control").exception("control request failed", cmd=req.cmd)
+            self.server.errors += 1
+            with contextlib.suppress(OSError):
+                self._send({"ok": False, "error": f"internal error: {type(exc).__name__}: {exc}"})
 
-    def _hold(self, req: dict[str, Any]) -> None:
+    def _hold(self, req: _Hold) -> None:
         api = self.server.api
-        ttl = req.get("ttl_s")
-        state = req.get("state")
-        if state is not None and state not in {s.value for s in State}:
-            raise ValueError(f"unknown state {state!r}; expected one of {', '.join(s.value for s in State)}")
+        if req.state is None and req.max_threads is None and req.max_tokens_per_s is None:
+            self._send({"ok": False, "error": "bad request: a hold needs a state, max_threads or max_tokens_per_s"})
+            return
         hold = Hold(
-            owner=str(req.get("owner") or _peer(self.request)),
-            state=State(state) if state is not None else None,
-            max_threads=req.get("max_threads"),
-            max_tokens_per_s=req.get("max_tokens_per_s"),
-            expires_t=api.now() + float(ttl) if ttl is not None else None,
+            owner=_peer(self.request),
+            state=req.state,
+            max_threads=req.max_threads,
+            max_tokens_per_s=req.max_tokens_per_s,
+            expires_t=api.now() + req.ttl_s if req.ttl_s is not None else None,
         )
-        if hold.state is None and hold.max_threads is None and hold.max_tokens_per_s is None:
-            raise ValueError("a hold needs a state, max_threads or max_tokens_per_s")
         cookie = api.add_hold(hold)
         why = "disconnected"
         try:
@@ -179,7 +237,55 @@ class _Server(socketserver.ThreadingUnixStreamServer):
         self.closing = threading.Event()
         self._conns: set[socket.socket] = set()
         self._conns_lock = threading.Lock()
+        self.errors = 0  # requests that failed inside the daemon (logged with their traceback)
+        self.refused = 0  # connections refused over the cap
+        self._log = structlog.get_logger("governor.control")
+        self._fd_warned = 0.0
         super().__init__(path, _Handler)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        try:
+            return super().get_request()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                # Out of file descriptors: the listening socket stays readable, so pause instead of spinning.
+                now = time.monotonic()
+                if now - self._fd_warned > 60:
+                    self._fd_warned = now
+                    self._log.error("cannot accept a control connection: out of file descriptors")
+                time.sleep(0.1)
+            raise
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        cred = peer_credentials(request)
+        trusted = cred is not None and cred[1] in (0, os.geteuid())
+        with self._conns_lock:
+            active = len(self._conns)
+            admit = active < MAX_CONNECTIONS or (trusted and active < MAX_CONNECTIONS + RESERVED_CONNECTIONS)
+            if admit:
+                self._conns.add(request)
+        if not admit:
+            self.refused += 1
+            with contextlib.suppress(OSError):
+                request.settimeout(0.1)
+                request.sendall(b'{"ok": false, "error": "too many connections; try again later"}\n')
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            with self._conns_lock:
+                self._conns.discard(request)
+            raise
+
+    def close_request(self, request: Any) -> None:
+        with self._conns_lock:
+            self._conns.discard(request)
+        super().close_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        self.errors += 1
+        self._log.exception("control connection failed")
 
     def server_bind(self) -> None:
         # Bound under a tight umask so the socket is never, even briefly, more open than asked.
@@ -188,10 +294,6 @@ class _Server(socketserver.ThreadingUnixStreamServer):
             super().server_bind()
         finally:
             os.umask(old)
-
-    def track(self, conn: socket.socket, *, add: bool) -> None:
-        with self._conns_lock:
-            (self._conns.add if add else self._conns.discard)(conn)
 
     def close_connections(self) -> None:
         with self._conns_lock:
@@ -206,7 +308,8 @@ class ControlServer:
         self.path = path
         if len(os.fsencode(path)) >= 108:
             raise ControlError(f"{path}: a Unix socket path must be shorter than 108 bytes")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        check_private_dir(path.parent, ControlError)
         clear_stale_socket(
             path, lambda reason: ControlError(f"{path}: {reason}"), in_use="another governor is already listening there"
         )
@@ -224,6 +327,10 @@ class ControlServer:
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def errors(self) -> int:
+        return self._server.errors
 
     def stop_accepting(self) -> None:
         if self._closed:

@@ -6,7 +6,17 @@ import time
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
+# C0 and C1 control characters and DEL: a terminal would act on them (escape sequences, title changes, clearing).
+_CONTROL = dict.fromkeys([*range(32), 127, *range(128, 160)])
+
+
+def safe(value: Any) -> str:
+    """Text from the daemon (a reason, a hold's owner, a sensor path) as it is safe to print in a terminal through
+    rich: control characters dropped, rich markup escaped ("[/]" would otherwise be a markup error or a style)."""
+    return escape(str(value).translate(_CONTROL))
 
 
 def _ago(wall: float | None, now: float) -> str:
@@ -26,7 +36,7 @@ def _fmt(value: Any, unit: str = "", digits: int = 1) -> str:
         return "-"
     if isinstance(value, float):
         return f"{value:.{digits}f}{unit}"
-    return f"{value}{unit}"
+    return safe(f"{value}{unit}")
 
 
 def status_table(status: dict[str, Any], console: Console, now: float | None = None) -> None:
@@ -34,12 +44,12 @@ def status_table(status: dict[str, Any], console: Console, now: float | None = N
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
-    head.add_row("state", f"[bold]{status.get('state') or 'starting'}[/] since {_ago(status.get('since'), now)}")
-    head.add_row("why", status.get("reason") or "-")
+    head.add_row("state", f"[bold]{safe(status.get('state') or 'starting')}[/] since {_ago(status.get('since'), now)}")
+    head.add_row("why", safe(status.get("reason") or "-"))
     policy = status.get("policy") or {}
     head.add_row(
         "policy",
-        str(policy.get("name")) + (f"  [red]reload failed: {policy['error']}[/]" if policy.get("error") else ""),
+        safe(policy.get("name")) + (f"  [red]reload failed: {safe(policy['error'])}[/]" if policy.get("error") else ""),
     )
     cfg = status.get("config") or {}
     if cfg:
@@ -47,7 +57,7 @@ def status_table(status: dict[str, Any], console: Console, now: float | None = N
         threads = f"{cfg['threads']} thread{'' if cfg['threads'] == 1 else 's'}"
         head.add_row(
             "engine config",
-            f"model {cfg['model']}, {threads}, n_ctx {cfg['n_ctx']}, KV {cfg['kv_type']}, "
+            f"model {safe(cfg['model'])}, {threads}, n_ctx {cfg['n_ctx']}, KV {safe(cfg['kv_type'])}, "
             f"rate cap {'none' if cap is None else f'{cap:g} tok/s'}",
         )
     eng = status.get("engine")
@@ -60,19 +70,20 @@ def status_table(status: dict[str, Any], console: Console, now: float | None = N
             f"RSS {'-' if rss is None else f'{rss / 2**20:.0f} MiB'}, pid {sup.get('pid')}",
         )
     else:
-        head.add_row("engine", "[yellow]not answering[/]" + (f" ({sup['last_exit']})" if sup.get("last_exit") else ""))
+        last = sup.get("last_exit")
+        head.add_row("engine", "[yellow]not answering[/]" + (f" ({safe(last)})" if last else ""))
     if sup.get("critical"):
-        head.add_row("supervisor", f"[red]{sup['critical']}[/]")
+        head.add_row("supervisor", f"[red]{safe(sup['critical'])}[/]")
     elif sup.get("cap"):
-        head.add_row(
-            "supervisor", f"capped at {sup['cap']['model']}/n_ctx {sup['cap']['n_ctx']}: {sup['cap']['reason']}"
-        )
+        cap_ = sup["cap"]
+        head.add_row("supervisor", safe(f"capped at {cap_['model']}/n_ctx {cap_['n_ctx']}: {cap_['reason']}"))
     for hold in status.get("holds") or []:
         asks = ", ".join(
             f"{k} {hold[k]}" for k in ("state", "max_threads", "max_tokens_per_s") if hold.get(k) is not None
         )
         ttl = hold.get("expires_in_s")
-        head.add_row(f"hold {hold['id']}", f"{asks} by {hold['owner']}" + ("" if ttl is None else f", {ttl:g} s left"))
+        left = "" if ttl is None else f", {ttl:g} s left"
+        head.add_row(f"hold {hold['id']}", safe(f"{asks} by {hold['owner']}{left}"))
     console.print(head)
 
     readings = status.get("readings") or {}
@@ -81,11 +92,11 @@ def status_table(status: dict[str, Any], console: Console, now: float | None = N
         temps.add_column(col)
     for t in readings.get("temperatures") or []:
         trips = ", ".join(f"{trip['type']} {trip['temp_c']:g}" for trip in t.get("trips") or [])
-        temps.add_row(t["source"], t["label"], _fmt(t.get("temp_c"), " °C"), trips or "-")
+        temps.add_row(safe(t["source"]), safe(t["label"]), _fmt(t.get("temp_c"), " °C"), safe(trips or "-"))
     bat = readings.get("battery")
     if bat:
         plugged = {True: "plugged", False: "on battery", None: "power unknown"}[bat.get("plugged")]
-        temps.add_row(bat["source"], "battery", _fmt(bat.get("percent"), " %", 0), plugged)
+        temps.add_row(safe(bat["source"]), "battery", _fmt(bat.get("percent"), " %", 0), plugged)
     mem = readings.get("memory") or {}
     if mem.get("available_bytes") is not None:
         psi = mem.get("psi_some_avg10")
@@ -94,7 +105,7 @@ def status_table(status: dict[str, Any], console: Console, now: float | None = N
     if cpu.get("freq_ratio") is not None:
         temps.add_row("cpu", "freq ratio", _fmt(cpu["freq_ratio"], "", 2), "throttled" if cpu.get("throttled") else "")
     for problem in readings.get("problems") or []:
-        temps.add_row(problem["path"], "[yellow]problem[/]", "", problem["reason"])
+        temps.add_row(safe(problem["path"]), "[yellow]problem[/]", "", safe(problem["reason"]))
     console.print(temps)
 
 
@@ -108,5 +119,6 @@ def why_table(decisions: list[dict[str, Any]], console: Console) -> None:
         engine = f"{e['model']} {e['threads']}t ctx {e['n_ctx']} {e['kv_type']}" + (
             "" if cap is None else f" ≤{cap:g}/s"
         )
-        table.add_row(time.strftime("%H:%M:%S", time.localtime(d["wall"])), d["state"], engine, d["reason"])
+        at = time.strftime("%H:%M:%S", time.localtime(d["wall"]))
+        table.add_row(at, safe(d["state"]), safe(engine), safe(d["reason"]))
     console.print(table)

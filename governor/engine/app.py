@@ -41,6 +41,34 @@ def error(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+MAX_CHAT_BODY = 8 << 20  # bytes; the largest context (1M tokens) is about 4 MB of text
+MAX_CONFIG_BODY = 64 << 10
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused (413) before reading when Content-Length says it is too large, and while reading
+    when a chunked body grows past `limit`: a 50 MB body never sits in the engine's memory."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise BodyTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def too_large(limit: int) -> JSONResponse:
+    return error(413, f"request body larger than {limit} bytes", code="body_too_large")
+
+
 def validation_error(exc: ValidationError) -> JSONResponse:
     err = exc.errors(include_url=False)[0]
     if err["type"] == "json_invalid":
@@ -104,10 +132,12 @@ class EngineApp:
 
     async def config(self, request: Request) -> Response:
         try:
-            change = ConfigChange.model_validate_json(await request.body())
+            change = ConfigChange.model_validate_json(await read_body(request, MAX_CONFIG_BODY))
             # Refuse now, before touching the model; in a thread: the first check of a quantized KV type for a
             # model file not loaded yet reads its header (up to a second).
             await asyncio.to_thread(resolve, self.worker.settings, change, self.worker.models)
+        except BodyTooLarge:
+            return too_large(MAX_CONFIG_BODY)
         except ValidationError as exc:
             return validation_error(exc)
         except ConfigRefused as exc:
@@ -130,7 +160,9 @@ class EngineApp:
 
     async def chat(self, request: Request) -> Response:
         try:
-            req = ChatRequest.model_validate_json(await request.body())
+            req = ChatRequest.model_validate_json(await read_body(request, MAX_CHAT_BODY))
+        except BodyTooLarge:
+            return too_large(MAX_CHAT_BODY)
         except ValidationError as exc:
             return validation_error(exc)
         if req.model is not None and req.model not in self.worker.models:

@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import grp
 import os
 import signal
 import socket
@@ -33,6 +34,7 @@ from governor.engine.config import (
 )
 from governor.errors import GovernorError
 from governor.unixsock import clear_stale_socket
+from policies.decision import RATE_MAX, RATE_MIN
 
 if TYPE_CHECKING:
     from governor.engine.worker import Worker
@@ -58,6 +60,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--tier", help="the ladder tier to start with (default: the first, largest)")
     p.add_argument("--socket", type=Path, required=True, help="the Unix socket path to serve on")
     p.add_argument("--socket-mode", choices=["0600", "0660"], default="0600", help="socket permissions")
+    p.add_argument("--socket-group", help="give the socket to this group (with --socket-mode 0660)")
     p.add_argument("--port", type=int, help="also serve on 127.0.0.1:PORT")
     p.add_argument("--threads", type=int, help="compute threads (default: the CPUs this process may use)")
     p.add_argument("--ctx", type=int, help="context size in tokens (default: the tier's n_ctx, or 2048)")
@@ -105,8 +108,8 @@ def initial(args: argparse.Namespace) -> tuple[dict[str, ModelSpec], Settings]:
     if threads < 1:
         raise EngineError(f"--threads {threads}: at least 1")
     cap = args.max_tokens_per_s
-    if cap is not None and cap <= 0:
-        raise EngineError(f"--max-tokens-per-s {cap}: must be > 0")
+    if cap is not None and not RATE_MIN <= cap <= RATE_MAX:  # also refuses nan and inf
+        raise EngineError(f"--max-tokens-per-s {cap}: must be between {RATE_MIN:g} and {RATE_MAX:g}")
     if args.queue < 0:
         raise EngineError(f"--queue {args.queue}: must be >= 0")
     if args.slow_callback_ms is not None and not 0 < args.slow_callback_ms <= 60_000:
@@ -114,11 +117,15 @@ def initial(args: argparse.Namespace) -> tuple[dict[str, ModelSpec], Settings]:
     return models, Settings(name, n_ctx, kv, threads, cap)
 
 
-def bind_unix(path: Path, mode: int) -> socket.socket:
-    """Bind with the final mode from the first instant (umask), then set it explicitly.
+def bind_unix(path: Path, mode: int, group: str | None = None) -> socket.socket:
+    """Bind with the final mode from the first instant (umask), then set it explicitly (and its group).
 
     A leftover socket file is removed only when nothing answers on it; any other file is left alone.
     """
+    try:
+        gid = grp.getgrnam(group).gr_gid if group else -1
+    except KeyError:
+        raise EngineError(f"--socket-group {group!r}: no such group") from None
     clear_stale_socket(path, lambda reason: EngineError(f"--socket {path}: {reason}"))
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o777 & ~mode)
@@ -129,6 +136,8 @@ def bind_unix(path: Path, mode: int) -> socket.socket:
         raise EngineError(f"--socket {path}: cannot bind: {exc.strerror}") from exc
     finally:
         os.umask(old)
+    if gid != -1:
+        os.chown(path, -1, gid)
     os.chmod(path, mode)
     return sock
 
@@ -176,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
         raise EngineError(str(exc)) from exc
     log.info("engine.loaded", **settings.as_dict(), path=str(models[settings.model].path))
     engine = EngineApp(worker, queue_max=args.queue)
-    sockets = [bind_unix(args.socket, int(args.socket_mode, 8))]
+    sockets = [bind_unix(args.socket, int(args.socket_mode, 8), args.socket_group)]
     inode = os.stat(args.socket).st_ino
     try:
         if args.port is not None:

@@ -149,7 +149,7 @@ def test_bad_requests_get_one_line_and_the_server_keeps_serving(server: ControlS
         client.request("fly")
     with pytest.raises(ControlError, match="bad request: unknown state 'sleepy'; expected one of idle, sustained"):
         client.request("hold", state="sleepy")
-    with pytest.raises(ControlError, match="bad request: Input should be greater than or equal to 1"):
+    with pytest.raises(ControlError, match="bad request: max_threads: Input should be greater than or equal to 1"):
         client.request("hold", max_threads=0)
     with pytest.raises(ControlError, match="a hold needs a state"):
         client.request("hold")

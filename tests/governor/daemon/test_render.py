@@ -103,3 +103,26 @@ def test_why_lists_decisions_with_their_reasons() -> None:
     text = console.export_text()
     assert "small 2t ctx 512 q4_0 ≤2/s" in text
     assert "hot: forecast 78.4 °C" in text
+
+
+def test_text_from_clients_and_sensors_cannot_style_or_drive_the_terminal() -> None:
+    """Rich markup is escaped ("[/]" once crashed `governor status` for everyone) and control characters dropped."""
+    console = Console(record=True, width=200, force_terminal=True)
+    status = {
+        "state": "idle",
+        "reason": "idle: [bold red]forged[/] \x1b[2J\x07",
+        "config": CONFIG,
+        "engine": None,
+        "policy": {"name": "[/]", "error": None},
+        "supervisor": {"pid": None, "last_exit": "[/]\x1b]0;title\x07"},
+        "holds": [{"id": 1, "owner": "[/] \x1b[31mroot\x9b", "state": "idle", "expires_in_s": None}],
+        "readings": {"problems": [{"path": "/sys/x[/]", "reason": "not a number: '\x1b[2J'"}]},
+    }
+    status_table(status, console, now=NOW)
+    why_table([{"wall": NOW, "state": "idle", "engine": CONFIG, "reason": "[/] \x1b[2J"}], console)
+    out = console.export_text(styles=True, clear=False)
+    for raw in ("\x1b[2J", "\x07", "\x9b", "\x1b]0;"):
+        assert raw not in out
+    plain = console.export_text()
+    assert "[bold red]forged[/]" in plain  # shown as the text it is, not applied
+    assert "by [/] [31mroot" in plain
