@@ -1,0 +1,160 @@
+"""Process-level faults on the victim daemon: its engine killed or stopped, its file descriptors exhausted, its
+control socket flooded; plus the socket directory another user prepared. The daemon notices, recovers, says so."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import shutil
+import signal
+import socket
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from governor.daemon.control import MAX_CONNECTIONS, READ_TIMEOUT_S, ControlError, ControlServer
+from tests.faults.conftest import FAULT_POLICY
+from tests.governor.daemon.daemon_proc import DaemonProc
+from tests.helpers import eventually
+
+pytestmark = pytest.mark.slow
+FAULT_KIND = "processes and sockets"
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+def engine_pid(victim: DaemonProc) -> int:
+    pid = eventually(lambda: victim.status()["supervisor"]["pid"], timeout_s=60)
+    assert isinstance(pid, int)
+    return pid
+
+
+def serving_again(victim: DaemonProc, old_pid: int) -> dict[str, object]:
+    def check() -> dict[str, object]:
+        status = victim.status()
+        sup = status["supervisor"]
+        assert sup["pid"] not in (None, old_pid), sup
+        assert sup["ready"], sup
+        assert status["engine"], sup
+        return status
+
+    status = eventually(check, timeout_s=90, interval_s=0.1)
+    answer = victim.engine.chat(HELLO, model=victim.engine.status().model, max_tokens=4)
+    assert answer["usage"]["completion_tokens"] > 0
+    return status
+
+
+def test_kill_9_of_the_engine_is_restarted(victim: DaemonProc) -> None:
+    pid = engine_pid(victim)
+    os.kill(pid, signal.SIGKILL)
+    status = serving_again(victim, pid)
+    assert "killed by SIGKILL" in str(status["supervisor"]["last_exit"])  # type: ignore[index]
+
+
+def test_a_stopped_engine_is_noticed_killed_and_restarted(victim: DaemonProc) -> None:
+    pid = engine_pid(victim)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        # While it is silent, status does not claim it is ready.
+        eventually(lambda: not victim.status()["supervisor"]["ready"], timeout_s=10)
+        status = serving_again(victim, pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    assert "hung" in str(status["supervisor"]["last_exit"])  # type: ignore[index]
+
+
+def test_a_failed_start_at_the_fd_limit_is_retried(victim: DaemonProc) -> None:
+    """With no file descriptor left the engine cannot be started (EMFILE): supervision reports it and retries, and
+    the engine comes back once descriptors are free again."""
+    daemon = victim.proc.pid
+    soft, hard = resource.prlimit(daemon, resource.RLIMIT_NOFILE)
+    used = len(os.listdir(f"/proc/{daemon}/fd"))
+    pid = engine_pid(victim)
+    resource.prlimit(daemon, resource.RLIMIT_NOFILE, (used, hard))
+    try:
+        os.kill(pid, signal.SIGKILL)
+        # Meanwhile the control socket cannot accept either: the daemon's log is where to look.
+        eventually(lambda: any(e.get("event") == "engine could not start" for e in victim.events()), timeout_s=30)
+    finally:
+        resource.prlimit(daemon, resource.RLIMIT_NOFILE, (soft, hard))
+    serving_again(victim, pid)
+    assert victim.status()["errors"]["loop"] == 0
+
+
+def test_a_connection_flood_is_capped_and_idle_ones_are_closed(victim: DaemonProc) -> None:
+    daemon = victim.proc.pid
+    before = len(os.listdir(f"/proc/{daemon}/fd"))
+    flood: list[socket.socket] = []
+    try:
+        for _ in range(300):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(str(victim.control))
+            flood.append(sock)
+        open_fds = len(os.listdir(f"/proc/{daemon}/fd"))
+        assert open_fds < before + 2 * MAX_CONNECTIONS + 10  # capped, not one per connection
+        victim.check_alive()
+        # Idle connections are closed by the daemon after its read timeout: the socket sees EOF.
+        for sock in flood[:5]:
+            sock.settimeout(READ_TIMEOUT_S + 10)
+            assert sock.recv(100) in (b"", b'{"ok": false, "error": "too many connections; try again later"}\n')
+    finally:
+        for sock in flood:
+            sock.close()
+    assert eventually(lambda: victim.status()["state"], timeout_s=30)
+
+
+def test_a_hostile_runtime_directory_is_refused(tmp_path: Path) -> None:
+    """Another user prepared the socket directory (mode 0777): the daemon refuses it instead of using it."""
+    hostile = tmp_path / "governor-0"
+    hostile.mkdir()
+    os.chmod(hostile, 0o777)
+    with pytest.raises(ControlError, match="writable by group and others"):
+        ControlServer(hostile / "control.sock", api=None)  # type: ignore[arg-type]
+    os.chmod(hostile, 0o755)
+    os.chown(hostile, 65534, 65534)
+    with pytest.raises(ControlError, match="owned by uid 65534"):
+        ControlServer(hostile / "control.sock", api=None)  # type: ignore[arg-type]
+
+
+def test_the_client_skips_a_hostile_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The client looks where the daemon would, and never talks to a socket in a directory others can write."""
+    from governor.daemon.cli import default_control_socket
+
+    hostile = tmp_path / "run" / "governor"
+    hostile.mkdir(parents=True)
+    os.chmod(hostile, 0o777)
+    (hostile / "control.sock").touch()
+    chosen = default_control_socket({"XDG_RUNTIME_DIR": str(tmp_path / "run")}, euid=1000)
+    assert chosen == Path("/run/governor/control.sock")
+    assert f"not using {hostile / 'control.sock'}" in capsys.readouterr().err
+
+
+def test_engine_config_drift_is_corrected(victim: DaemonProc) -> None:
+    """Someone posts straight to the engine: the daemon notices at its next probe and applies its own config again."""
+    wanted = victim.status()["config"]["threads"]
+    victim.engine.configure(threads=1 if wanted != 1 else 2)
+    eventually(lambda: victim.engine_threads() == wanted, timeout_s=20)
+    assert any(e.get("event", "").startswith("engine config drifted") for e in victim.events())
+
+
+def test_a_second_daemon_never_takes_over_the_engine(victim: DaemonProc, tmp_path: Path, demo_ladder: Path) -> None:
+    sockets = Path(tempfile.mkdtemp(prefix="gv2", dir="/tmp"))
+    (sockets / "e.sock").symlink_to(victim.engine_socket)  # the same engine socket as the victim's
+    second = DaemonProc(
+        tmp_path / "second", sockets, demo_ladder, policy=FAULT_POLICY.replace("threads = 4", "threads = 3")
+    )
+    try:
+        eventually(
+            lambda: any(
+                e.get("event") == "another engine answers on our socket; not using it" for e in second.events()
+            ),
+            timeout_s=60,
+        )
+        assert not second.status()["supervisor"]["ready"]
+        assert victim.engine_threads() == 4  # the victim's engine kept the victim's config
+    finally:
+        second.stop()
+        shutil.rmtree(sockets, ignore_errors=True)
+    victim.status()
