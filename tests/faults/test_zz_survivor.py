@@ -19,12 +19,13 @@ def test_the_victim_still_serves_with_the_last_good_policy(victim: DaemonProc) -
     def calm() -> dict[str, Any]:
         status = victim.status()
         assert status["state"] in ("idle", "sustained"), status["reason"]
+        assert status["config"]["threads"] == 4, status["reason"]  # back up one thread per recover step
         return status
 
     status = eventually(calm, timeout_s=30)
     assert status["errors"]["loop"] == 0
     assert status["errors"]["control"] == 0
-    assert status["config"]["threads"] == 4  # the good policy's idle profile (the tree has 4 CPUs)
+    # The good policy's idle profile (the tree has 4 CPUs), not one of the 46 bad files on disk.
     assert status["config"]["max_tokens_per_s"] == 60.0
     hello = [{"role": "user", "content": "still there?"}]
     answer = victim.engine.chat(hello, model=victim.engine.status().model, max_tokens=4)
