@@ -61,5 +61,5 @@ def test_unknown_name_lists_the_shipped_ones() -> None:
 def test_workload_range_must_be_ordered(tmp_path: Path) -> None:
     bad = tmp_path / "w.toml"
     bad.write_text('name = "w"\n[[phase]]\nkind = "chat"\nduration_s = 60\nthink_s = [40, 10]\n')
-    with pytest.raises(LabFileError, match=r"w\.toml:\d+: phase\.0: Value error, think_s must be"):
+    with pytest.raises(LabFileError, match=r"w\.toml:\d+: phase\.0: think_s must be"):
         load_workload(str(bad))
