@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +98,12 @@ def test_the_hold_command_refuses_a_bad_rate_in_one_line(victim: DaemonProc, val
     assert "max_tokens_per_s" in done.stderr
     assert "Traceback" not in done.stderr
     assert victim.status()["holds"] == []
+
+
+def test_record_to_an_unwritable_path_is_one_line(victim: DaemonProc, tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "governor", "record", "--control-socket", str(victim.control), "--seconds", "1"]
+    target = tmp_path / "missing" / "trace.jsonl"
+    done = subprocess.run([*argv, str(target)], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert done.stderr == f"governor: error: {target}: cannot write: No such file or directory\n"
+    victim.status()

@@ -158,3 +158,49 @@ def test_a_second_daemon_never_takes_over_the_engine(victim: DaemonProc, tmp_pat
         second.stop()
         shutil.rmtree(sockets, ignore_errors=True)
     victim.status()
+
+
+FLOODER = """
+import os, socket, sys, time
+os.setgid(65534); os.setuid(65534)  # another local user, allowed onto the socket (as a group member would be)
+held = []
+for _ in range(int(sys.argv[2])):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(sys.argv[1])
+    except OSError:
+        break
+    held.append(s)
+print(len(held), flush=True)
+sys.stdin.read()  # hold them until told to stop
+"""
+
+
+def test_another_users_flood_leaves_root_served(victim: DaemonProc) -> None:
+    """The issue's exhaustion path: a non-root user with access to the socket opens connections and sends nothing.
+    It gets at most the cap; root's `governor status` still answers, and the daemon's descriptors stay bounded."""
+    import subprocess
+    import sys
+
+    sock_dir = victim.control.parent
+    dir_mode, sock_mode = os.stat(sock_dir).st_mode & 0o7777, os.stat(victim.control).st_mode & 0o7777
+    os.chmod(sock_dir, 0o711)
+    os.chmod(victim.control, 0o666)
+    try:
+        flooder = subprocess.Popen(
+            [sys.executable, "-c", FLOODER, str(victim.control), "1000"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert flooder.stdout is not None
+            assert int(flooder.stdout.readline()) > 0
+            fds = len(os.listdir(f"/proc/{victim.proc.pid}/fd"))
+            assert fds < 400  # the daemon's limit is 1024 by default: far from it
+            assert victim.status()["state"]  # root is served at once, during the flood
+        finally:
+            flooder.communicate("", timeout=30)
+    finally:
+        os.chmod(victim.control, sock_mode)
+        os.chmod(sock_dir, dir_mode)

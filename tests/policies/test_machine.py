@@ -29,6 +29,17 @@ def test_idle_until_the_engine_is_busy_then_sustained(policy: Policy) -> None:
     assert "engine busy 50 % of the last 10 s ≥ 50 %" in first.reason
 
 
+def test_sustained_below_its_entry_says_so_without_contradiction(policy: Policy) -> None:
+    """Held on by hysteresis at 40 % busy: the reason never reads "busy 40 % ≥ 50 %"."""
+    gov = Governor(policy)
+    run(gov, [snap()] * 11, engine=BUSY)
+    decisions = run(gov, [snap()] * 7, t0=11, engine=IDLE)
+    assert states(decisions) == ["sustained"] * 7
+    reason = decisions[-1].reason
+    assert "≥ 50 %" not in reason
+    assert "until below 20 %" in reason
+
+
 def test_sustained_falls_back_to_idle_only_after_the_dwell(policy: Policy) -> None:
     gov = Governor(policy)
     run(gov, [snap()] * 6, engine=BUSY)
