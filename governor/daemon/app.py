@@ -8,6 +8,7 @@ sd_notify, metrics and the recorder feed. Time is injected: the lab runs the sam
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 import threading
@@ -85,6 +86,9 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
             raise GovernorError(f"{directory}: cannot create: {exc.strerror} (set it in the config file)") from exc
     for directory in {config.control_socket.parent, config.engine_socket.parent}:
         check_private_dir(directory, GovernorError)
+    if config.engine_socket.exists() and not stat.S_ISSOCK(config.engine_socket.stat().st_mode):
+        # The engine would refuse it and die at every start: say so now, in one line, instead of a crash loop.
+        raise GovernorError(f"{config.engine_socket}: exists and is not a socket; the engine cannot listen there")
     lpath = ladder_path(config)
     ladder = load_ladder(lpath)
     load_decider = policy_loader(ladder, lpath)

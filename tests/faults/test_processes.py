@@ -204,3 +204,20 @@ def test_another_users_flood_leaves_root_served(victim: DaemonProc) -> None:
     finally:
         os.chmod(victim.control, sock_mode)
         os.chmod(sock_dir, dir_mode)
+
+
+def test_a_file_at_the_engine_socket_is_one_clear_line(tmp_path: Path, demo_ladder: Path) -> None:
+    sockets = Path(tempfile.mkdtemp(prefix="gv3", dir="/tmp"))
+    (sockets / "e.sock").write_text("not a socket")
+    d = DaemonProc(tmp_path, sockets, demo_ladder)
+    try:
+        assert d.proc.wait(60) == 2
+        assert (
+            d.log()
+            .strip()
+            .endswith(f"{sockets / 'e.sock'}: exists and is not a socket; the engine cannot listen there")
+        )
+        assert (sockets / "e.sock").read_text() == "not a socket"  # never removed
+    finally:
+        d.stop()
+        shutil.rmtree(sockets, ignore_errors=True)
