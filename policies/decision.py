@@ -55,6 +55,7 @@ class Decision(BaseModel):
     rule: str  # the rule that fired, e.g. "thermal.forecast_enter"
     readings: dict[str, float | bool | str | None] = Field(default_factory=dict)
     changed: bool = False  # the engine config differs from the previous decision's
+    freq_ratio: float | None = None  # CPU clock cap as a share of each cluster's maximum; None: no cap
 
 
 class Hold(BaseModel):

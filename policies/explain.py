@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from policies.allocator import Choice
 from policies.decision import PRIORITY, EngineConfig, State
 from policies.memfit import MIB, Fit
 from policies.readings import Sense
@@ -33,6 +34,7 @@ class Tick:
     ramping: bool
     engine: EngineObservation | None
     capped: bool
+    choice: Choice | None = None  # the power allocator's pick in hot / critical
 
 
 def _n(x: float) -> str:
@@ -123,6 +125,22 @@ def _changes(prev: EngineConfig | None, cfg: EngineConfig, always: bool) -> str:
     return ", ".join(parts)
 
 
+def _pick(c: Choice) -> str:
+    speed = "" if c.tok_s is None else f" ≈ {c.tok_s:.1f} tok/s"
+    rate = "" if c.rate is None else f", rate cap {_n(c.rate)} tok/s"
+    return f"{c.freq_ratio * 100:.0f} % clock x {c.threads} threads{speed} at ≈ {c.power_w:.1f} W{rate}"
+
+
+def _allocation(c: Choice) -> str:
+    """For example "power budget 5.1 W: 62 % clock x 4 threads ≈ 3.9 tok/s at ≈ 5.1 W (best with 3 threads: ...)"."""
+    text = f"power budget {c.budget_w:.1f} W: {_pick(c)}"
+    alt = c.alternative
+    if alt is not None:
+        speed = "" if alt.tok_s is None else f" ≈ {alt.tok_s:.1f} tok/s"
+        text += f" (best with {alt.threads} threads: {alt.freq_ratio * 100:.0f} % clock{speed}, {alt.power_w:.1f} W)"
+    return text
+
+
 def _rule(k: Tick) -> tuple[str, str]:
     """The rule that fired this tick and its clause: a transition, a wait, a hold, the PI, or why the state holds."""
     v = k.sense.view
@@ -167,6 +185,8 @@ def explain(k: Tick) -> tuple[str, str, Readings]:
     changes = _changes(k.prev, k.config, always=k.state == State.HOT)
     if changes:
         clauses.append(changes)
+    if k.choice is not None:
+        clauses.append(_allocation(k.choice))
     if k.ramping:
         clauses.append(f"threads come back one per {_n(pol.timing.recover_step_s)} s")
     if k.sense.pressure and k.sense.psi is not None:
@@ -210,5 +230,7 @@ def explain(k: Tick) -> tuple[str, str, Readings]:
         "pi_output": None if k.pi_u is None else round(k.pi_u, 3),
         "fit_bound": None if k.fit is None else k.fit.bound,
         "cpu_throttled": k.sense.cpu_throttled,
+        "budget_w": None if k.choice is None else round(k.choice.budget_w, 2),
+        "freq_ratio": None if k.choice is None else k.choice.freq_ratio,
     }
     return rule, reason, readings

@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from policies.allocator import PowerAllocator
 from policies.decision import PRIORITY, Decision, EngineConfig, Hold, KvType, State
 from policies.explain import Tick, explain
 from policies.ladder import ModelLadder
@@ -19,7 +20,7 @@ from policies.loader import PolicyError
 from policies.memfit import MIB, Candidate, Fit, ModelFootprint, fit
 from policies.pi import PIController
 from policies.readings import Sense, ZoneFilter
-from policies.schema import KV_ORDER, MODEL_LARGEST, MODEL_SMALLEST, Policy, Profile
+from policies.schema import KV_ORDER, MODEL_LARGEST, MODEL_SMALLEST, Policy, Power, Profile
 from policies.signals import BusyWindow, Forecast, Trigger
 from sensors.snapshot import EngineObservation, Snapshot
 
@@ -50,7 +51,11 @@ class Governor:
         *,
         ladder: ModelLadder | None = None,
         footprints: Mapping[str, ModelFootprint] | None = None,
+        freq_ratios: Sequence[float] | None = None,
+        prior: Power | None = None,
     ) -> None:
+        """`freq_ratios`: the CPU clock caps the daemon can write (shares of the maximum); None: none writable.
+        `prior`: the device model's starting point (a `governor bench-device` file's), else the policy's `[power]`."""
         self.policy = policy
         self.ladder = ladder
         self.footprints = dict(footprints or {})
@@ -72,6 +77,7 @@ class Governor:
         self.last: Decision | None = None
         self._pi: PIController | None = None
         self._pi_u: float | None = None
+        self._cpus: int | None = None  # online CPUs at this tick (None: unknown)
         self._threads_t = -math.inf  # when threads last changed (recovery steps count from there)
         self._budget: float | None = None  # memory budget after input hysteresis
         self._budget_t = -math.inf
@@ -83,6 +89,7 @@ class Governor:
         self._untrusted_since: float | None = None  # since when trusted zones give no plausible reading
         self._tier_index = self._resolve_tiers()
         self._limits = {state: Limits.of(state, profile) for state, profile in policy.states.items()}
+        self.power = PowerAllocator(policy, freq_ratios, prior)
 
     # -- set-up (validation of the policy against the ladder happens once, here) --------------------------------
 
@@ -119,7 +126,9 @@ class Governor:
         pin = min(pins, key=RANK.__getitem__) if pins else None
         label = self.state if (pin is None or self.state in MITIGATING) else pin
         prev = self.last.engine if self.last is not None else None
-
+        if prev is not None:
+            self.power.observe(prev, snapshot.cpu.freq_ratio, engine, sense.battery, sense.on_power)
+        self.power.choice, self._cpus = None, snapshot.cpu.count
         active = self._in_force(pin, sense, prev, t)
         caps = [h.max_threads for h in live if h.max_threads is not None]
         rate_caps = [h.max_tokens_per_s for h in live if h.max_tokens_per_s is not None]
@@ -130,6 +139,7 @@ class Governor:
         rates = [lim.rate for lim in active if lim.rate is not None] + rate_caps
         rate = min(rates) if rates else None
         threads, rate = self._recover(threads, rate, prev, t)
+        freq = self.power.freq_now(t, self.policy.timing.recover_step_s)
         n_ctx = min(lim.n_ctx for lim in active)
         kv: KvType = KV_ORDER[max(lim.kv_rank for lim in active)]
         model, n_ctx, kv, fitted = self._fit(active, n_ctx=n_ctx, kv=kv, sense=sense, engine=engine, prev=prev, t=t)
@@ -140,12 +150,13 @@ class Governor:
         tick = Tick(
             t=t, policy=self.policy, sense=sense, previous_state=previous_state, state=self.state, label=label,
             desired=desired, held_for_s=held_for, prev=prev, config=config, pi_u=self._pi_u, fit=fitted,
-            ramping=self._ramping, engine=engine, capped=bool(caps or rate_caps),
+            ramping=self._ramping, engine=engine, capped=bool(caps or rate_caps), choice=self.power.choice,
         )  # fmt: skip
         rule, reason, readings = explain(tick)
         decision = Decision.model_construct(
-            t=t, state=label, engine=config, reason=reason, rule=rule, readings=readings, changed=config != prev
-        )
+            t=t, state=label, engine=config, reason=reason, rule=rule, readings=readings, changed=config != prev,
+            freq_ratio=freq,
+        )  # fmt: skip
         self.last = decision
         return decision
 
@@ -243,11 +254,18 @@ class Governor:
             active.append(limits[State.LOW_BATTERY])  # a client's pin overrides low battery, never hot or critical
         view = sense.view
         if self.state == State.HOT:
-            active.append(self._hot_at(self._pi_output(view.setpoint_c, view.hot_exit_c, view.temp_c, prev, t)))
+            u = self._pi_output(view.setpoint_c, view.hot_exit_c, view.temp_c, prev, t)
+            if not self.power.enabled:
+                active.append(self._hot_at(u))
+            else:  # a power budget, allocated to clock x threads x rate
+                choice = self.power.allocate(u, self._cpus)
+                active.append(self._limits[State.HOT]._replace(threads=choice.threads, rate=choice.rate))
         else:
             self._pi, self._pi_u = None, None
             if self.state == State.CRITICAL:
                 active += [limits[State.CRITICAL], self._hot_at(0.0)]
+                if self.power.enabled:
+                    self.power.allocate(0.0, self._cpus)
         return active
 
     def _recover(
@@ -283,6 +301,8 @@ class Governor:
             low = hot.min_threads or 1
             span = hot.threads - low
             level = 1.0 if prev is None or span == 0 else min(1.0, max(0.0, (prev.threads - low) / span))
+            if self.power.enabled and prev is not None:  # the budget starts at the power in use: bumpless
+                level = self.power.level(prev.threads, self._cpus)
             self._pi.start(setpoint, temp if temp is not None else setpoint, level, t)
             self._pi_u = level
         if temp is not None:

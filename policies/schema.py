@@ -180,6 +180,16 @@ class Memory(StrictModel):
         return self
 
 
+class Power(StrictModel):
+    """The CPU frequency actuator and the prior of the device model behind the hot state's power allocator."""
+
+    freq_cap: bool = True  # cap the CPU clock in hot and critical where the daemon may write it (else threads/rate)
+    idle_w: float = Field(default=2.0, ge=0, le=1000)  # prior: the device's power with the engine idle
+    core_w: float = Field(default=1.5, gt=0, le=1000)  # prior: one busy core at the top clock
+    freq_exponent: float = Field(default=2.5, ge=1, le=4)  # prior: a core's power ∝ f^k (f·V², V rising with f)
+    thread_tok_s: float | None = Field(default=None, gt=0, le=1e5)  # prior: decode tokens/s of one thread
+
+
 class Policy(StrictModel):
     name: str = Field(default="custom", max_length=200)
     description: str = Field(default="", max_length=10_000)
@@ -189,6 +199,7 @@ class Policy(StrictModel):
     battery: Battery = Battery()
     critical: Critical = Critical()
     memory: Memory = Memory()
+    power: Power = Power()
     states: dict[Annotated[State, Strict(False)], Profile]  # TOML keys are strings; State validates them
 
     @field_validator("states")

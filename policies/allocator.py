@@ -1,0 +1,264 @@
+"""The hot controller's power budget and its allocation, as the kernel's power_allocator divides its budget.
+
+The PI controller (policies/pi.py, the power_allocator law) outputs u in [0, 1]: the share of the device's full
+dynamic power it may use (all allowed threads at the top clock). The allocator turns that budget into the
+configuration with the most tokens/s that fits: frequency cap x threads x rate cap.
+
+Why a frequency cap first: a compute-bound decode's throughput falls linearly with the clock while its power falls as
+f^k (k = 2-2.5, f·V² with the voltage following f), so n threads at a lower clock beat fewer threads at the top clock
+for the same watts. Where decode is memory-bound, clock above the point where compute meets the memory ceiling buys
+nothing, and the model learns where that point is.
+
+`DeviceModel` is measured online: tokens/s from the engine's own counters at the configuration in force, watts from a
+discharging battery's reading; until measured it uses the policy's prior (`[power]`, or a `governor bench-device`
+TOML). Everything here is pure and cheap: one tick is a few dozen multiplications.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from policies.decision import EngineConfig, State
+from policies.schema import Policy, Power
+from sensors.snapshot import Battery, EngineObservation
+
+SPEED_DECAY = 0.998  # per observation: the peak tokens/s per thread·clock forgets slowly (context fill lowers it)
+CEILING_GAIN = 0.2  # EWMA gain for the memory ceiling
+CEILING_BELOW = 0.85  # an observation this far under the compute line is ceiling-limited
+RATE_LIMITED = 0.9  # tokens/s at or above this share of the rate cap says nothing about the device
+TIE = 0.01  # choices within 1 % of the best: take the one with fewer watts (then fewer threads)
+FREQ_STEP = 0.1  # coming back from hot, the clock cap rises by this share of the top clock per recover step
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    threads: int
+    freq_ratio: float
+    rate: float | None  # the rate cap needed to stay in budget; None: no cap needed
+    tok_s: float | None  # predicted tokens/s (None until the engine has been measured)
+    power_w: float  # predicted watts (idle included)
+    budget_w: float
+    alternative: Choice | None = None  # the best choice with other threads, for the explanation
+
+
+class DeviceModel:
+    """tokens/s = min(a·n·f, ceiling) and watts = idle + w·n·f^k·duty, with a, ceiling and (idle, w) learned."""
+
+    def __init__(self, prior: Power) -> None:
+        self.k = prior.freq_exponent
+        self.a: float | None = prior.thread_tok_s  # tokens/s of one thread at the top clock, compute-limited
+        self.ceiling: float | None = None  # tokens/s the memory allows, once seen
+        self.observations = 0
+        # Recursive least squares on P = idle + w·x (x = n·f^k·duty), starting from the prior with low confidence.
+        self._theta = [prior.idle_w, prior.core_w]
+        self._cov = [[4.0, 0.0], [0.0, 1.0]]
+        self.power_observations = 0
+
+    @property
+    def idle_w(self) -> float:
+        return max(0.0, self._theta[0])
+
+    @property
+    def core_w(self) -> float:
+        return max(0.05, self._theta[1])
+
+    def load(self, threads: int, freq: float) -> float:
+        return threads * math.pow(freq, self.k)
+
+    def speed(self, threads: int, freq: float) -> float:
+        """Predicted decode tokens/s; in units of one thread at the top clock while `a` is unknown."""
+        compute = (self.a or 1.0) * threads * freq
+        return compute if self.ceiling is None else min(compute, self.ceiling)
+
+    def power_w(self, threads: int, freq: float, duty: float = 1.0) -> float:
+        return self.idle_w + self.core_w * self.load(threads, freq) * duty
+
+    def observe(
+        self,
+        threads: int,
+        freq: float,
+        tok_s: float | None,
+        rate_cap: float | None,
+        power_w: float | None,
+    ) -> None:
+        """One tick's measurement at the configuration in force (`freq` the clock the CPU actually ran at)."""
+        duty = 1.0
+        if tok_s is not None and tok_s > 0 and threads > 0 and freq > 0:
+            if rate_cap is not None and tok_s >= RATE_LIMITED * rate_cap:
+                duty = min(1.0, tok_s / max(self.speed(threads, freq), 1e-9)) if self.a else 1.0
+            else:
+                self._observe_speed(threads, freq, tok_s)
+        if power_w is not None and math.isfinite(power_w) and 0 < power_w < 1000 and tok_s:
+            self._observe_power(self.load(threads, freq) * duty, power_w)
+
+    def _observe_speed(self, threads: int, freq: float, tok_s: float) -> None:
+        self.observations += 1
+        per = tok_s / (threads * freq)
+        if self.a is None or per >= self.a * SPEED_DECAY:
+            self.a = per if self.a is None else max(per, self.a * SPEED_DECAY)
+        else:
+            self.a *= SPEED_DECAY
+        if per < CEILING_BELOW * self.a:  # compute could do more: the memory is the limit here
+            self.ceiling = tok_s if self.ceiling is None else self.ceiling + CEILING_GAIN * (tok_s - self.ceiling)
+        elif self.ceiling is not None and tok_s > self.ceiling:
+            self.ceiling = tok_s
+
+    def _observe_power(self, x: float, watts: float) -> None:
+        self.power_observations += 1
+        (p00, p01), (p10, p11) = self._cov
+        g0, g1 = p00 + p01 * x, p10 + p11 * x  # P·φ with φ = (1, x)
+        denom = 0.99 + g0 + g1 * x  # forgetting factor 0.99: the device warms, the screen dims
+        k0, k1 = g0 / denom, g1 / denom
+        err = watts - (self._theta[0] + self._theta[1] * x)
+        self._theta = [self._theta[0] + k0 * err, self._theta[1] + k1 * err]
+        self._cov = [
+            [(p00 - k0 * g0) / 0.99, (p01 - k0 * g1) / 0.99],
+            [(p10 - k1 * g0) / 0.99, (p11 - k1 * g1) / 0.99],
+        ]
+
+
+def allocate(
+    model: DeviceModel,
+    u: float,
+    *,
+    threads: Sequence[int],
+    ratios: Sequence[float],
+    full_threads: int,
+    max_rate: float | None,
+    min_rate: float | None,
+) -> Choice:
+    """The (threads, clock, rate) with the most predicted tokens/s within the budget u x full dynamic power."""
+    full = model.load(full_threads, 1.0)
+    budget = max(0.0, u) * full  # in load units (thread·f^k)
+    budget_w = model.idle_w + model.core_w * budget
+    best: tuple[float, float, int, float] | None = None  # (tok_s, -load, -threads, freq)
+    best_other: dict[int, tuple[float, float, int, float]] = {}
+    for n in threads:
+        for f in ratios:
+            load = model.load(n, f)
+            tok = model.speed(n, f) * (1.0 if load <= budget else budget / load)
+            key = (tok, -load, -n, f)
+            if best is None or _better(key, best):
+                best = key
+            other = best_other.get(n)
+            if other is None or _better(key, other):
+                best_other[n] = key
+    assert best is not None  # threads and ratios are never empty
+    choice = _choice(model, best, budget=budget, budget_w=budget_w, max_rate=max_rate, min_rate=min_rate)
+    rivals = [k for n, k in best_other.items() if n != choice.threads]
+    if rivals:
+        rival = max(rivals, key=lambda k: k[0])
+        alt = _choice(model, rival, budget=budget, budget_w=budget_w, max_rate=max_rate, min_rate=min_rate)
+        choice = replace(choice, alternative=alt)
+    return choice
+
+
+def _better(a: tuple[float, float, int, float], b: tuple[float, float, int, float]) -> bool:
+    if a[0] > b[0] * (1 + TIE):
+        return True
+    if a[0] < b[0] * (1 - TIE):
+        return False
+    return (a[1], a[2]) > (b[1], b[2])  # a near tie: fewer watts, then fewer threads
+
+
+def _choice(
+    model: DeviceModel,
+    key: tuple[float, float, int, float],
+    *,
+    budget: float,
+    budget_w: float,
+    max_rate: float | None,
+    min_rate: float | None,
+) -> Choice:
+    tok, neg_load, neg_n, f = key
+    load, n = -neg_load, -neg_n
+    rate: float | None = None
+    if load > budget * (1 + 1e-9):  # over budget even at its lowest clock: the rate cap takes the rest
+        if model.a is not None:
+            rate = round(tok, 1)
+        elif max_rate is not None:
+            low = min_rate if min_rate is not None else max_rate
+            rate = round(low + (budget / load) * (max_rate - low), 1)  # unmeasured: the profile's bounds
+        if rate is not None:
+            rate = max(rate, min_rate if min_rate is not None else 0.1)  # a cap of 0 would stop the answer
+    if rate is not None and max_rate is not None:
+        rate = min(rate, max_rate)
+    duty = min(1.0, budget / load) if load > 0 else 1.0
+    return Choice(
+        threads=n,
+        freq_ratio=f,
+        rate=rate,
+        tok_s=tok if model.a is not None else None,
+        power_w=model.power_w(n, f, duty),
+        budget_w=budget_w,
+    )
+
+
+class PowerAllocator:
+    """The state machine's part for power: the device model, the allocation in hot and critical, the clock cap."""
+
+    def __init__(self, policy: Policy, freq_ratios: Sequence[float] | None, prior: Power | None) -> None:
+        ratios = sorted({r for r in freq_ratios or () if 0 < r <= 1} | {1.0})
+        self.ratios = tuple(ratios) if policy.power.freq_cap and len(ratios) > 1 else None
+        self.hot = policy.states[State.HOT]
+        self.model = DeviceModel(prior if prior is not None else policy.power)
+        self.choice: Choice | None = None  # this tick's allocation (None outside hot and critical)
+        self.freq: float | None = None  # the clock cap in force (None: none)
+        self._freq_t = -math.inf
+
+    @property
+    def enabled(self) -> bool:
+        """A clock cap is writable and the policy allows it: hot allocates a power budget."""
+        return self.ratios is not None
+
+    def full_threads(self, cpus: int | None) -> int:
+        return max(1, min(self.hot.threads, cpus or self.hot.threads))
+
+    def level(self, threads: int, cpus: int | None) -> float:
+        """The share of full dynamic power the configuration in force uses: the PI's bumpless start."""
+        full = self.model.load(self.full_threads(cpus), 1.0)
+        return min(1.0, self.model.load(threads, self.freq or 1.0) / full)
+
+    def allocate(self, u: float, cpus: int | None) -> Choice:
+        full = self.full_threads(cpus)
+        self.choice = allocate(
+            self.model,
+            u,
+            threads=range(min(self.hot.min_threads or 1, full), full + 1),
+            ratios=self.ratios or (1.0,),
+            full_threads=full,
+            max_rate=self.hot.max_tokens_per_s,
+            min_rate=self.hot.min_tokens_per_s,
+        )
+        return self.choice
+
+    def observe(
+        self,
+        prev: EngineConfig,
+        freq_ratio: float | None,
+        engine: EngineObservation | None,
+        battery: Battery | None,
+        on_power: bool,
+    ) -> None:
+        """Teach the model what the configuration in force did: tokens/s, and watts where a battery says."""
+        if engine is None or not engine.busy:
+            return
+        freq = self.freq or 1.0
+        if freq_ratio is not None:
+            freq = min(freq, freq_ratio)  # the kernel's own throttling counts too
+        watts = battery.power_w if battery is not None and not on_power else None
+        self.model.observe(prev.threads, freq, engine.tokens_per_s, prev.max_tokens_per_s, watts)
+
+    def freq_now(self, t: float, recover_step_s: float) -> float | None:
+        """The clock cap: the allocator's in hot and critical; coming back it rises a tenth of the top clock per
+        recover step (thermald un-throttles one step at a time), as threads come back one at a time."""
+        if self.choice is not None:
+            self._freq_t = t
+            self.freq = None if self.choice.freq_ratio >= 1.0 else self.choice.freq_ratio
+        elif self.freq is not None and self.ratios is not None and t - self._freq_t >= recover_step_s:
+            self._freq_t = t
+            up = next((r for r in self.ratios if r >= self.freq + FREQ_STEP - 1e-9), 1.0)
+            self.freq = None if up >= 1.0 else up
+        return self.freq

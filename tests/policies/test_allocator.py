@@ -1,0 +1,149 @@
+"""The power budget's allocation to clock x threads x rate, the device model learned online, and the policy."""
+
+from __future__ import annotations
+
+import random
+
+from policies import Governor
+from policies.allocator import Choice, DeviceModel, allocate
+from policies.decision import State
+from policies.schema import Power
+from sensors.snapshot import EngineObservation
+from tests.policies.builders import run, snap
+from tests.policies.conftest import make_policy
+
+RATIOS = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+def alloc(model: DeviceModel, u: float, ratios: tuple[float, ...] = RATIOS) -> Choice:
+    return allocate(model, u, threads=range(1, 5), ratios=ratios, full_threads=4, max_rate=20.0, min_rate=1.0)
+
+
+def compute_bound() -> DeviceModel:
+    return DeviceModel(Power(idle_w=2.0, core_w=1.0, freq_exponent=2.5, thread_tok_s=1.0))
+
+
+def test_a_compute_bound_budget_goes_to_every_thread_at_a_lower_clock() -> None:
+    choice = alloc(compute_bound(), 0.5)
+    assert choice.threads == 4
+    assert choice.freq_ratio == 0.7  # 4 x 0.7^2.5 = 1.64 <= half of 4 load units; 0.8 would be 2.29
+    assert choice.rate is None
+    assert choice.power_w <= choice.budget_w
+    alt = choice.alternative
+    assert alt is not None
+    assert alt.threads == 3
+    assert choice.tok_s is not None
+    assert alt.tok_s is not None
+    assert choice.tok_s > alt.tok_s
+
+
+def test_the_same_watts_give_more_tokens_than_taking_threads() -> None:
+    """The issue's finding, as a property: at any budget the allocator beats the best threads-only choice."""
+    model = compute_bound()
+    for u in (0.2, 0.35, 0.5, 0.75, 0.9):
+        with_clock = alloc(model, u)
+        threads_only = alloc(model, u, (1.0,))
+        assert with_clock.tok_s is not None
+        assert threads_only.tok_s is not None
+        assert with_clock.tok_s >= threads_only.tok_s
+        if u <= 0.5:  # the deeper the cut, the more the clock's f^2.5 pays
+            assert with_clock.tok_s > 1.2 * threads_only.tok_s
+        assert with_clock.power_w <= with_clock.budget_w + 1e-9
+
+
+def test_below_the_lowest_clock_the_rate_cap_takes_the_rest() -> None:
+    choice = alloc(compute_bound(), 0.05)
+    assert choice.freq_ratio == 0.4
+    assert choice.rate is not None
+    assert choice.rate >= 1.0
+
+
+def test_a_memory_ceiling_learned_online_lowers_the_clock_for_free() -> None:
+    """tok/s = min(1.0 x threads x f, 2.4): four threads need only f = 0.6 for the ceiling; the model learns it."""
+    model = DeviceModel(Power())
+    for threads, freq in [(4, 1.0), (2, 0.5), (4, 0.8), (1, 1.0), (4, 0.5)] * 4:
+        model.observe(threads, freq, min(1.0 * threads * freq, 2.4), None, None)
+    assert model.a is not None
+    assert abs(model.a - 1.0) < 0.05
+    assert model.ceiling is not None
+    assert abs(model.ceiling - 2.4) < 0.05
+    choice = alloc(model, 1.0)  # the full budget: the most tokens, then the fewest watts
+    assert choice.freq_ratio == 0.6
+    assert choice.threads == 4
+
+
+def test_rate_limited_tokens_do_not_teach_the_speed() -> None:
+    model = DeviceModel(Power())
+    model.observe(4, 1.0, 4.0, None, None)
+    model.observe(4, 1.0, 1.95, 2.0, None)  # the rate cap, not the device, held it at 2 tok/s
+    assert model.ceiling is None
+    assert model.a == 1.0
+
+
+def test_watts_are_learned_from_a_discharging_battery() -> None:
+    """P = 1.5 W + 0.8 W per thread·f^2.5, read with noise; the prior (2 W, 1.5 W) is forgotten."""
+    model = DeviceModel(Power(idle_w=2.0, core_w=1.5))
+    rng = random.Random(3)
+    for _ in range(300):
+        threads, freq = rng.choice((1, 2, 3, 4)), rng.choice(RATIOS)
+        watts = 1.5 + 0.8 * threads * freq**2.5 + rng.gauss(0, 0.05)
+        model.observe(threads, freq, 3.0, None, watts)
+    assert abs(model.idle_w - 1.5) < 0.1
+    assert abs(model.core_w - 0.8) < 0.05
+
+
+def hot_policy() -> Governor:
+    policy = make_policy(states={"hot": {"threads": 4, "min_threads": 1}})
+    return Governor(policy, freq_ratios=RATIOS)
+
+
+def test_hot_caps_the_clock_and_keeps_the_threads_when_the_clock_is_writable() -> None:
+    gov = hot_policy()
+    decisions = run(gov, [snap(79.0)] * 12)  # 1 °C over the setpoint: the budget shrinks, some of it stays
+    last = decisions[-1]
+    assert last.state == State.HOT
+    assert last.freq_ratio is not None
+    assert last.freq_ratio < 1.0
+    assert last.engine.threads == 4
+    assert "power budget" in last.reason
+    assert "% clock x 4 threads" in last.reason
+    assert last.readings["budget_w"] is not None
+
+
+def test_without_a_writable_clock_hot_takes_threads_as_before() -> None:
+    policy = make_policy(states={"hot": {"threads": 4, "min_threads": 1}})
+    decisions = run(Governor(policy), [snap(85.0)] * 12)
+    assert decisions[-1].state == State.HOT
+    assert decisions[-1].freq_ratio is None
+    assert decisions[-1].engine.threads < 4
+    assert "power budget" not in decisions[-1].reason
+
+
+def test_the_policy_can_refuse_the_clock_cap() -> None:
+    policy = make_policy(states={"hot": {"threads": 4, "min_threads": 1}}, power={"freq_cap": False})
+    decisions = run(Governor(policy, freq_ratios=RATIOS), [snap(85.0)] * 12)
+    assert all(d.freq_ratio is None for d in decisions)
+
+
+def test_critical_takes_the_lowest_clock() -> None:
+    gov = hot_policy()
+    decisions = run(gov, [snap(95.0)] * 4)
+    assert decisions[-1].state == State.CRITICAL
+    assert decisions[-1].freq_ratio == RATIOS[0]
+
+
+def test_cooling_down_lifts_the_cap_only_after_the_threads_are_back() -> None:
+    gov = hot_policy()
+    run(gov, [snap(85.0)] * 12)
+    cool = run(gov, [snap(50.0)] * 40, t0=12)
+    assert cool[-1].state != State.HOT
+    assert cool[-1].freq_ratio is None
+    assert cool[-1].engine.threads == 4
+
+
+def test_the_model_learns_from_the_engines_counters_in_hot() -> None:
+    gov = hot_policy()
+    engine = EngineObservation(busy=True, tokens_per_s=6.0)
+    run(gov, [snap(85.0)] * 12, engine=engine)
+    assert gov.power.model.observations > 0
+    assert gov.power.model.a is not None
