@@ -47,6 +47,18 @@ class Root:
     def listdir(self, path: str) -> list[str]:
         return os.listdir(path)
 
+    def writable(self, path: str) -> bool:
+        """May this process write the file (the actuators' check; False on a read-only /sys or without root)."""
+        return os.access(path, os.W_OK)
+
+    def write(self, path: str, data: bytes) -> None:
+        """The actuators' one write: sysfs attributes take a whole value in one write(2)."""
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
 

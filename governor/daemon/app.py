@@ -20,6 +20,7 @@ import structlog
 from governor.clock import Clock, RealClock
 from governor.daemon.config import DaemonConfig
 from governor.daemon.engine import SupervisedEngine, engine_command
+from governor.daemon.freqcap import FreqCap
 from governor.daemon.holds import HoldRegistry
 from governor.daemon.metrics import DaemonMetrics
 from governor.daemon.notify import Notifier
@@ -32,6 +33,7 @@ from governor.loop import Decider, GovernorLoop
 from governor.unixsock import check_private_dir
 from policies.ladder import ModelLadder, load_ladder
 from sensors.events import UdevEvent, UdevEvents
+from sensors.root import Root
 from sensors.sampler import make_sampler
 
 
@@ -50,15 +52,27 @@ def ladder_path(config: DaemonConfig) -> Path:
     return directory / "ladder.toml"
 
 
-def policy_loader(ladder: ModelLadder, ladder_file: Path) -> Callable[[str], Decider]:
-    """name or file -> the policy core, with each tier's memory footprint read once from its GGUF header."""
+def policy_loader(
+    ladder: ModelLadder,
+    ladder_file: Path,
+    freq_ratios: tuple[float, ...] | None = None,
+    device_model: Path | None = None,
+) -> Callable[[str], Decider]:
+    """name or file -> the policy core, with each tier's memory footprint read once from its GGUF header and the
+    CPU clock caps the frequency actuator can write (None: threads and rate are the only actuators)."""
     from governor.daemon.footprints import read_footprints
     from policies import Governor, load_policy
 
     footprints = read_footprints(ladder_file)
 
     def load(name: str) -> Decider:
-        return Governor(load_policy(name), ladder=ladder, footprints=footprints)
+        prior = None
+        if device_model is not None:  # read at every (re)load: a new bench-device run is picked up by a reload
+            from governor.engine.benchdevice import load_device_model
+
+            prior = load_device_model(device_model)
+        policy = load_policy(name)
+        return Governor(policy, ladder=ladder, footprints=footprints, freq_ratios=freq_ratios, prior=prior)
 
     return load
 
@@ -91,7 +105,9 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
         raise GovernorError(f"{config.engine_socket}: exists and is not a socket; the engine cannot listen there")
     lpath = ladder_path(config)
     ladder = load_ladder(lpath)
-    load_decider = policy_loader(ladder, lpath)
+    freq = FreqCap(Root(config.root), config.state_dir)
+    freq.start()  # first of all: put back the limits a crashed run left
+    load_decider = policy_loader(ladder, lpath, freq.ratios(), config.device_model)
     inner = load_decider(config.policy)  # a bad policy at start is an error; on reload the last good one is kept
 
     sensors = make_sampler(config.root, environ=env)
@@ -147,7 +163,7 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
     )
     decider = SupervisedDecider(inner, supervisor)
     engine = SupervisedEngine(client, supervisor)
-    loop = GovernorLoop(sensors, decider, engine, clock, holds=holds.in_force)
+    loop = GovernorLoop(sensors, decider, engine, clock, holds=holds.in_force, listeners=[freq.on_tick])
     loop_ref.append(loop)
 
     events = UdevEvents(uevent_handler(sensors, loop.wake)) if config.udev else None
@@ -160,7 +176,7 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
             "holds": float(len(holds.all())),
         },
     )
-    closeables: tuple[Closeable, ...] = (client, prober, sensors)
+    closeables: tuple[Closeable, ...] = (client, prober, sensors, freq)  # freq: restores the CPU limits it found
     return Daemon(
         config=config,
         clock=clock,
@@ -175,4 +191,5 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
         notifier=Notifier(env),
         events=events,
         closeables=closeables,
+        actuators={"cpufreq": freq.status},
     )

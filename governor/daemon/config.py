@@ -3,6 +3,7 @@
     policy = "default"                 # a shipped profile name or a policy TOML file
     root = "/"                         # where /sys and /proc are read (tests: a fake tree)
     models = "/var/lib/governor/models/ladder.toml"   # absent: the demo ladder, written on first run
+    device_model = "/var/lib/governor/device.toml"    # optional: `governor bench-device` output, the model's prior
     control_socket = "/run/governor/control.sock"
     engine_socket = "/run/governor/engine.sock"
     state_dir = "/var/lib/governor"
@@ -47,6 +48,8 @@ class DaemonConfig(BaseModel):
     policy: str = "default"
     root: Path = Field(default=Path("/"), strict=False)  # TOML gives strings; a Path from the command line
     models: Path | None = Field(default=None, strict=False)
+    # a `governor bench-device` TOML: the prior of the policy's device model
+    device_model: Path | None = Field(default=None, strict=False)
     control_socket: Path = Field(strict=False)
     engine_socket: Path = Field(strict=False)
     state_dir: Path = Field(strict=False)

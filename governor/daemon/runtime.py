@@ -11,7 +11,7 @@ import os
 import queue
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, TimeoutError
 from dataclasses import asdict
 from types import FrameType
@@ -64,6 +64,7 @@ class Daemon:
         notifier: Notifier,
         events: Events | None,
         closeables: tuple[Closeable, ...] = (),
+        actuators: Mapping[str, Callable[[], dict[str, Any]]] | None = None,
     ) -> None:
         self.config, self.clock, self.loop = config, clock, loop
         self.decider, self._load_decider = decider, load_decider
@@ -71,6 +72,7 @@ class Daemon:
         self.holds, self.state, self.prom, self.notifier = holds, state, metrics, notifier
         self.events = events
         self._closeables = closeables
+        self._actuators = dict(actuators or {})  # name -> its status (e.g. the CPU frequency cap and if writable)
         self.stop = threading.Event()
         self._reload = threading.Event()
         self._waiters: list[Future[dict[str, Any]]] = []
@@ -231,6 +233,7 @@ class Daemon:
                 }
                 for cookie, hold in self.holds.all().items()
             ],
+            actuators={name: status() for name, status in self._actuators.items()},
         )
         return view
 

@@ -114,6 +114,40 @@ class FakeTree:
         self.write(f"{freq}/scaling_governor", "schedutil")
         return freq
 
+    def cluster(
+        self,
+        policy: int,
+        cpus: range,
+        *,
+        max_khz: int = 2_400_000,
+        min_khz: int = 600_000,
+        available: tuple[int, ...] | None = None,
+        scaling_max_khz: int | None = None,
+    ) -> str:
+        """A cpufreq policy (one clock for `cpus`), as the kernel lays it out: cpuN/cpufreq links to cpufreq/policyP."""
+        rel = f"{CPU}/cpufreq/policy{policy}"
+        attrs: dict[str, str | int] = {
+            "cpuinfo_max_freq": max_khz,
+            "cpuinfo_min_freq": min_khz,
+            "scaling_max_freq": scaling_max_khz or max_khz,
+            "scaling_min_freq": min_khz,
+            "scaling_cur_freq": max_khz,
+            "scaling_governor": "schedutil",
+            "related_cpus": " ".join(map(str, cpus)),
+            "affected_cpus": " ".join(map(str, cpus)),
+        }
+        for name, value in attrs.items():
+            self.write(f"{rel}/{name}", value)
+        if available is not None:
+            self.write(f"{rel}/scaling_available_frequencies", " ".join(map(str, available)) + " ")
+        for n in cpus:
+            link = self.root / f"{CPU}/cpu{n}/cpufreq"
+            if link.is_dir() and not link.is_symlink():
+                shutil.rmtree(link)  # a per-CPU directory written by cpu(): the policy replaces it
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(f"../cpufreq/policy{policy}")
+        return rel
+
     def cpus(self, count: int, **kwargs: int) -> None:
         for n in range(count):
             self.cpu(n, **kwargs)

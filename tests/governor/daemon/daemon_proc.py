@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,9 +87,11 @@ class DaemonProc:
         policy: str | None = None,
         config: str = "",
         env: dict[str, str] | None = None,
+        tree: Callable[[Path], FakeTree] = device_tree,
     ) -> None:
+        """`tree` builds the device tree under workdir/root (a restart passes `FakeTree` to keep the one there)."""
         workdir.mkdir(parents=True, exist_ok=True)
-        self.tree = device_tree(workdir / "root")
+        self.tree = tree(workdir / "root")
         self.policy = workdir / "policy.toml"
         self.policy.write_text(policy if policy is not None else TEST_POLICY)
         self.config = workdir / "governor.toml"

@@ -31,6 +31,8 @@ def test_system_unit_has_real_paths_and_the_contract(tmp_path: Path) -> None:
         "ProtectHome=read-only",
         "PrivateTmp=yes",
         "DynamicUser=yes",
+        "ReadWritePaths=-/sys/devices/system/cpu/cpufreq",  # the frequency actuator's one write path
+        "CapabilityBoundingSet=CAP_DAC_OVERRIDE",
     ):
         assert f"\n{line}\n" in text
     assert "@" not in text.replace("@GOVERNOR", "")  # every placeholder filled
@@ -41,6 +43,7 @@ def test_user_unit_goes_to_the_users_config(tmp_path: Path) -> None:
     assert unit.path == tmp_path / ".config/systemd/user/governor.service"
     assert "WantedBy=default.target" in unit.text
     assert "DynamicUser" not in unit.text
+    assert "cpufreq" not in unit.text  # a user cannot write the clock caps: threads and rate are the actuators
 
 
 def test_termux_scripts(tmp_path: Path) -> None:

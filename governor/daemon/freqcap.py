@@ -1,0 +1,238 @@
+"""The CPU frequency actuator: `scaling_max_freq` per cpufreq policy (cluster), as thermald and cpufreq cooling do.
+
+Lowering the clock costs decode throughput linearly while power falls as f^2-2.5, so on a compute-bound device a cap
+is the efficient actuator; threads and the rate cap remain the only ones where nothing here is writable.
+
+Like tuned's plugins it saves the values it found before its first write, in the state directory, and puts them back
+on exit, on SIGTERM (the daemon's phased shutdown) and at the next start after a crash (kill -9 leaves the file).
+Every path goes through the sensors' `Root`, so tests write on fake sysfs trees under `--root`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from policies.decision import Decision
+from sensors.root import Reader, Root, describe
+from sensors.snapshot import EngineObservation, Snapshot
+
+CPUFREQ = "sys/devices/system/cpu/cpufreq"
+ORIGINALS = "freq-originals.json"
+
+
+@dataclass(slots=True)
+class Cluster:
+    """One cpufreq policy: the CPUs that share a clock (big and LITTLE are separate policies)."""
+
+    name: str  # "policy4"
+    cpus: str  # related_cpus, e.g. "4-7"
+    path: str  # .../scaling_max_freq under the root
+    min_khz: int  # cpuinfo_min_freq: never written below this
+    max_khz: int  # cpuinfo_max_freq
+    available_khz: tuple[int, ...]  # scaling_available_frequencies, ascending; empty when the driver has none
+    original_khz: int  # what scaling_max_freq held before we wrote
+    writable: bool
+    cap_khz: int | None = None  # what we last wrote; None = the original is in force
+
+    def target(self, ratio: float) -> int:
+        """The highest frequency the kernel accepts at or under ratio x max, never below min or above the original."""
+        want = int(ratio * self.max_khz)
+        if self.available_khz:
+            under = [f for f in self.available_khz if f <= want]
+            want = under[-1] if under else self.available_khz[0]
+        return min(self.original_khz, max(self.min_khz, want))
+
+
+class FreqCap:
+    """Writes the decision's frequency ratio to every writable cluster; restores what it found."""
+
+    def __init__(self, root: Root, state_dir: Path) -> None:
+        self.root = root
+        self.saved = state_dir / ORIGINALS
+        self.clusters: list[Cluster] = []
+        self.ratio: float | None = None
+        self.reason = "not started"
+        self._saved_done = False
+        self._log = structlog.get_logger("governor.freqcap")
+
+    # -- start: crash recovery, then discovery ------------------------------------------------------------------
+    def start(self) -> None:
+        self.recover()
+        self.clusters = self._discover()
+        writable = [c for c in self.clusters if c.writable]
+        if not self.clusters:
+            self.reason = f"no cpufreq policies under {self.root.shown(CPUFREQ)}: threads and rate are the actuators"
+        elif not writable:
+            self.reason = (
+                f"{self.root.shown(CPUFREQ)}/policy*/scaling_max_freq is not writable (not root, or a read-only /sys): "
+                "threads and rate are the actuators"
+            )
+        else:
+            self.reason = f"{len(writable)} of {len(self.clusters)} cpufreq policies writable"
+        self._log.info("cpu frequency actuator", writable=bool(writable), reason=self.reason)
+
+    def recover(self) -> None:
+        """A previous run died with caps in force (kill -9, a power cut during a write): put its originals back."""
+        try:
+            data = json.loads(self.saved.read_text())
+            files = {str(k): int(v) for k, v in data["files"].items()}
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            self._log.error(
+                "cannot read the saved CPU frequency limits; leaving them", file=str(self.saved), error=str(exc)
+            )
+            return
+        failed = {path: khz for path, khz in files.items() if not self._write(path, khz)}
+        self._log.warning("restored CPU frequency limits left by a previous run", files=len(files) - len(failed))
+        if failed:
+            return  # keep the file: the next start tries again
+        with contextlib.suppress(FileNotFoundError):
+            self.saved.unlink()
+
+    def _discover(self) -> list[Cluster]:
+        reader = Reader(self.root)
+        base = self.root.path(CPUFREQ)
+        out: list[Cluster] = []
+        for name in sorted(reader.listdir(base), key=lambda n: (len(n), n)):
+            if not name.startswith("policy"):
+                continue
+            d = f"{base}/{name}"
+            lo, hi, cur = (
+                reader.number(f"{d}/{f}") for f in ("cpuinfo_min_freq", "cpuinfo_max_freq", "scaling_max_freq")
+            )
+            if lo is None or hi is None or cur is None or not 0 < lo <= hi or not 0 < cur <= hi * 1.01:
+                continue  # a broken policy is reported by the reader's problems and left alone
+            available: list[int] = []
+            for word in (reader.optional_text(f"{d}/scaling_available_frequencies") or "").split():
+                with contextlib.suppress(ValueError):
+                    available.append(int(word))
+            path = f"{d}/scaling_max_freq"
+            out.append(
+                Cluster(
+                    name=name,
+                    cpus=reader.optional_text(f"{d}/related_cpus") or "",
+                    path=path,
+                    min_khz=int(lo),
+                    max_khz=int(hi),
+                    available_khz=tuple(sorted(f for f in available if lo <= f <= hi)),
+                    original_khz=int(cur),
+                    writable=self.root.writable(path),
+                )
+            )
+        for problem in reader.problems:
+            self._log.warning("cpufreq policy skipped", path=problem.path, reason=problem.reason)
+        return out
+
+    # -- for the policy: the ratios it may choose ---------------------------------------------------------------
+    def ratios(self) -> tuple[float, ...] | None:
+        """The frequency ratios of the fastest writable cluster (ascending, ending at 1.0); None if nothing writable."""
+        writable = [c for c in self.clusters if c.writable]
+        if not writable:
+            return None
+        top = max(writable, key=lambda c: c.max_khz)
+        steps = top.available_khz or tuple(range(top.min_khz, top.max_khz, max(1, (top.max_khz - top.min_khz) // 16)))
+        return tuple(sorted({round(f / top.max_khz, 4) for f in steps if f >= top.min_khz} | {1.0}))
+
+    # -- apply and restore -------------------------------------------------------------------------------------
+    def apply(self, ratio: float | None) -> None:
+        """Cap every writable cluster at `ratio` of its own maximum (None or >= 1: the values found at start)."""
+        if ratio == self.ratio:
+            return
+        self.ratio = ratio
+        for c in self.clusters:
+            if not c.writable:
+                continue
+            want = None if ratio is None or ratio >= 1.0 else c.target(ratio)
+            if want == c.original_khz:
+                want = None
+            if want == c.cap_khz:
+                continue
+            if want is not None and not self._save():
+                return  # never write a value we could not restore after a crash
+            if self._write(c.path, c.original_khz if want is None else want):
+                c.cap_khz = want
+            else:
+                c.writable = False
+                self.reason = f"writing {self.root.display(c.path)} failed: threads and rate are the actuators there"
+
+    def restore(self) -> None:
+        """Put back every value found at start; then the saved file is no longer needed."""
+        ok = True
+        for c in self.clusters:
+            if c.cap_khz is not None:
+                if self._write(c.path, c.original_khz):
+                    c.cap_khz = None
+                else:
+                    ok = False
+        self.ratio = None
+        if ok and self._saved_done:
+            with contextlib.suppress(FileNotFoundError):
+                self.saved.unlink()
+            self._saved_done = False
+            self._log.info("cpu frequency limits restored")
+
+    close = restore  # the daemon's restore phase closes its closeables
+
+    def on_tick(self, _t: float, _s: Snapshot, _o: EngineObservation | None, decision: Decision) -> None:
+        """A GovernorLoop listener: apply the decision's clock cap."""
+        self.apply(decision.freq_ratio)
+
+    def _save(self) -> bool:
+        """Persist the originals (atomically, fsync'd) before the first write."""
+        if self._saved_done:
+            return True
+        files = {c.path: c.original_khz for c in self.clusters if c.writable}
+        tmp = self.saved.with_suffix(".tmp")
+        try:
+            with tmp.open("w") as f:
+                json.dump({"files": files}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            tmp.replace(self.saved)
+        except OSError as exc:
+            self.reason = f"cannot save the original limits in {self.saved}: {exc.strerror}; not capping"
+            self._log.error("not capping the CPU frequency", reason=self.reason)
+            for c in self.clusters:
+                c.writable = False
+            return False
+        self._saved_done = True
+        return True
+
+    def _write(self, path: str, khz: int) -> bool:
+        try:
+            self.root.write(path, f"{khz}\n".encode())
+        except OSError as exc:
+            self._log.error("cannot write a CPU frequency limit", path=self.root.display(path), error=describe(exc))
+            return False
+        return True
+
+    # -- for `governor status` ---------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        writable = any(c.writable for c in self.clusters)
+        caps = [c.cap_khz for c in self.clusters if c.cap_khz is not None]
+        return {
+            "writable": writable,
+            "reason": self.reason,
+            "ratio": self.ratio,
+            "freq_cap_khz": max(caps) if caps else None,
+            "clusters": [
+                {
+                    "policy": c.name,
+                    "cpus": c.cpus,
+                    "writable": c.writable,
+                    "cap_khz": c.cap_khz,
+                    "original_khz": c.original_khz,
+                    "min_khz": c.min_khz,
+                    "max_khz": c.max_khz,
+                }
+                for c in self.clusters
+            ],
+        }

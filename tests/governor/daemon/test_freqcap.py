@@ -1,0 +1,149 @@
+"""The CPU frequency actuator on fake sysfs trees: per-cluster caps the kernel accepts; originals saved, restored."""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import pytest
+
+from governor.daemon.freqcap import ORIGINALS, FreqCap
+from sensors.root import Root
+from tests.sensors.tree import CPU, FakeTree
+
+LITTLE = (408_000, 600_000, 816_000, 1_008_000, 1_200_000, 1_416_000, 1_608_000, 1_800_000)
+BIG = (408_000, 816_000, 1_200_000, 1_608_000, 2_016_000, 2_208_000, 2_400_000)
+
+
+def big_little(root: Path) -> FakeTree:
+    """An RK3588-like board: four LITTLE cores to 1.8 GHz, four big cores to 2.4 GHz, each with its frequency table."""
+    tree = FakeTree(root)
+    tree.cluster(0, range(4), max_khz=1_800_000, min_khz=408_000, available=LITTLE)
+    tree.cluster(4, range(4, 8), max_khz=2_400_000, min_khz=408_000, available=BIG)
+    tree.write(f"{CPU}/online", "0-7")
+    return tree
+
+
+def read_khz(tree: FakeTree, policy: int) -> int:
+    return int(tree.path(f"{CPU}/cpufreq/policy{policy}/scaling_max_freq").read_text())
+
+
+def test_caps_each_cluster_at_a_frequency_of_its_own_table(tmp_path: Path) -> None:
+    tree = big_little(tmp_path / "root")
+    cap = FreqCap(Root(tree.root), tmp_path)
+    cap.start()
+    cap.apply(0.6)  # 1.08 GHz LITTLE, 1.44 GHz big: the highest table entries under those
+    assert (read_khz(tree, 0), read_khz(tree, 4)) == (1_008_000, 1_200_000)
+    status = cap.status()
+    assert status["writable"] is True
+    assert status["freq_cap_khz"] == 1_200_000
+    assert [c["cap_khz"] for c in status["clusters"]] == [1_008_000, 1_200_000]
+
+
+def test_never_below_cpuinfo_min_freq_and_never_above_what_it_found(tmp_path: Path) -> None:
+    tree = FakeTree(tmp_path / "root")
+    tree.cluster(0, range(4), max_khz=2_400_000, min_khz=600_000, scaling_max_khz=1_500_000)  # a user's own limit
+    cap = FreqCap(Root(tree.root), tmp_path)
+    cap.start()
+    cap.apply(0.05)
+    assert read_khz(tree, 0) == 600_000  # no table: clamped to cpuinfo_min_freq
+    cap.apply(0.9)  # 2.16 GHz is above the user's 1.5 GHz: the user's limit stays
+    assert read_khz(tree, 0) == 1_500_000
+    cap.apply(None)
+    assert read_khz(tree, 0) == 1_500_000
+
+
+def test_originals_are_saved_before_the_first_write_and_restored_on_close(tmp_path: Path) -> None:
+    tree = big_little(tmp_path / "root")
+    saved = tmp_path / ORIGINALS
+    cap = FreqCap(Root(tree.root), tmp_path)
+    cap.start()
+    assert not saved.exists()  # nothing written yet, nothing to save
+    cap.apply(0.5)
+    files = json.loads(saved.read_text())["files"]
+    assert sorted(files.values()) == [1_800_000, 2_400_000]
+    cap.close()
+    assert (read_khz(tree, 0), read_khz(tree, 4)) == (1_800_000, 2_400_000)
+    assert not saved.exists()
+
+
+def test_a_crashed_runs_caps_are_restored_at_the_next_start(tmp_path: Path) -> None:
+    tree = big_little(tmp_path / "root")
+    crashed = FreqCap(Root(tree.root), tmp_path)
+    crashed.start()
+    crashed.apply(0.4)  # then kill -9: no close()
+    assert read_khz(tree, 4) < 2_400_000
+    after = FreqCap(Root(tree.root), tmp_path)
+    after.start()
+    assert (read_khz(tree, 0), read_khz(tree, 4)) == (1_800_000, 2_400_000)
+    assert [c.original_khz for c in after.clusters] == [1_800_000, 2_400_000]  # not the crashed run's caps
+    assert not (tmp_path / ORIGINALS).exists()
+
+
+def test_lifting_the_cap_writes_the_original_back(tmp_path: Path) -> None:
+    tree = big_little(tmp_path / "root")
+    cap = FreqCap(Root(tree.root), tmp_path)
+    cap.start()
+    cap.apply(0.5)
+    cap.apply(1.0)
+    assert (read_khz(tree, 0), read_khz(tree, 4)) == (1_800_000, 2_400_000)
+    assert cap.status()["freq_cap_khz"] is None
+
+
+def test_ratios_are_the_fastest_clusters_table(tmp_path: Path) -> None:
+    cap = FreqCap(Root(big_little(tmp_path / "root").root), tmp_path)
+    cap.start()
+    assert cap.ratios() == tuple(sorted(round(f / 2_400_000, 4) for f in BIG))
+
+
+class ReadOnlySys(Root):
+    """/sys mounted read-only (a user unit, ProtectKernelTunables=, Termux without root)."""
+
+    def writable(self, path: str) -> bool:
+        return False
+
+
+def test_nothing_writable_says_so_and_offers_no_ratios(tmp_path: Path) -> None:
+    tree = big_little(tmp_path / "root")
+    cap = FreqCap(ReadOnlySys(tree.root), tmp_path)
+    cap.start()
+    assert cap.ratios() is None
+    cap.apply(0.5)
+    assert read_khz(tree, 4) == 2_400_000
+    status = cap.status()
+    assert status["writable"] is False
+    assert "not writable" in status["reason"]
+    assert "threads and rate are the actuators" in status["reason"]
+
+
+def test_no_cpufreq_at_all_says_so(tmp_path: Path) -> None:
+    cap = FreqCap(Root(tmp_path / "empty"), tmp_path)
+    cap.start()
+    assert cap.ratios() is None
+    assert "no cpufreq policies" in cap.status()["reason"]
+
+
+class RefusingWrites(Root):
+    def write(self, path: str, data: bytes) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+
+def test_a_refused_write_marks_the_cluster_unwritable(tmp_path: Path) -> None:
+    tree = big_little(tmp_path / "root")
+    cap = FreqCap(RefusingWrites(tree.root), tmp_path)
+    cap.start()
+    cap.apply(0.5)
+    status = cap.status()
+    assert status["writable"] is False
+    assert "failed" in status["reason"]
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"files": {"x": "abc"}}', "[]"])
+def test_a_damaged_saved_file_is_reported_and_left(tmp_path: Path, content: str) -> None:
+    tree = big_little(tmp_path / "root")
+    (tmp_path / ORIGINALS).write_text(content)
+    cap = FreqCap(Root(tree.root), tmp_path)
+    cap.start()  # no crash, nothing written
+    assert read_khz(tree, 4) == 2_400_000
+    assert (tmp_path / ORIGINALS).read_text() == content
