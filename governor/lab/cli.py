@@ -21,7 +21,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Run the daemon's loop and a policy against a simulated device on a virtual clock.",
     )
     p.add_argument("--device", required=True, help=f"a shipped device ({devices}) or a file")
-    p.add_argument("--policy", required=True, help="a shipped policy, a policy file, or `none` (ungoverned)")
+    p.add_argument(
+        "--policy",
+        required=True,
+        help="a shipped policy, a policy file, `none` (ungoverned) or `constant:threads=N,freq=R` (fixed setting)",
+    )
     p.add_argument("--workload", default="long-chat", help=f"a shipped workload ({workloads}) or a file")
     p.add_argument("--minutes", type=float, help="simulated minutes (default: the workload's length)")
     p.add_argument("--seed", type=int, help="override the workload's seed")
@@ -52,7 +56,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Run a policy over a grid of overridden fields; the best keeps below the trip with most tokens.",
     )
     s.add_argument("--device", required=True)
-    s.add_argument("--policy", required=True)
+    s.add_argument("--policy", required=True, help="a policy, or `constant` to sweep threads=... and freq=...")
     s.add_argument("--workload", default="long-chat")
     s.add_argument(
         "--param", action="append", required=True, metavar="KEY=V1,V2", help="e.g. thermal.hot_margin_c=3,5,8"
@@ -71,7 +75,7 @@ def _quiet(args: argparse.Namespace) -> None:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from governor.lab.deciders import NONE, decider_for, load_policy
+    from governor.lab.deciders import NONE, decider_for, load_run
     from governor.lab.device import load_device
     from governor.lab.experiment import simulate
     from governor.lab.report import plot, print_comparison, summary_lines
@@ -85,7 +89,7 @@ def _simulate(args: argparse.Namespace) -> int:
         names += [n for n in args.compare if n not in names]
         if NONE not in names:
             names.append(NONE)
-    policies = [(name, load_policy(name)) for name in names]  # every file is checked before the first run
+    policies = [(name, load_run(name)) for name in names]  # every file is checked before the first run
     runs = []
     for i, (name, policy) in enumerate(policies):
         trace = args.trace.open("w") if args.trace is not None and i == 0 else None
@@ -135,15 +139,16 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from governor.lab.deciders import load_policy
+    from governor.lab.deciders import CONSTANT, load_policy
     from governor.lab.device import load_device
     from governor.lab.sweep import best, parse_param, plot, sweep, write_csv
     from governor.lab.workload import load_workload
+    from policies import Policy
 
     _quiet(args)
     params = [parse_param(p) for p in args.param]
     device, workload = load_device(args.device), load_workload(args.workload)
-    policy = load_policy(args.policy)
+    policy: Policy | str | None = CONSTANT if args.policy == CONSTANT else load_policy(args.policy)
     if policy is None:
         raise GovernorError("--policy none has no thresholds to sweep")
     results = sweep(device, policy, workload, params, minutes=args.minutes, jobs=args.jobs)

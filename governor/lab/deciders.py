@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import policies
+from governor.errors import GovernorError
 from governor.lab.device import DeviceSpec
 from governor.loop import Decider
 from policies import Governor, ModelFootprint, Policy
@@ -14,17 +15,24 @@ from policies.ladder import ModelLadder, ModelTier
 from sensors.snapshot import EngineObservation, Snapshot
 
 NONE = "none"
+CONSTANT = "constant"
 
 
 class Ungoverned:
     """The baseline `none`: a policy that always asks for the full configuration; only the kernel throttles.
 
     Full means what llama.cpp does by default: every core, the largest model at its largest context, f16 KV.
+    `constant:threads=N,freq=R` is the same with N threads and the clock capped at R (a hand-tuned setting).
     """
 
-    def __init__(self, device: DeviceSpec, interval_s: float = 1.0) -> None:
+    def __init__(
+        self, device: DeviceSpec, interval_s: float = 1.0, *, threads: int | None = None, freq: float | None = None
+    ) -> None:
         top = device.engine.model[0]
-        self.config = EngineConfig(threads=device.cpu.cores, n_ctx=top.n_ctx, kv_type=top.kv_type, model=top.name)
+        self.config = EngineConfig(
+            threads=threads or device.cpu.cores, n_ctx=top.n_ctx, kv_type=top.kv_type, model=top.name
+        )
+        self.freq = freq
         self._interval_s = interval_s
 
     def decide(
@@ -37,6 +45,7 @@ class Ungoverned:
             engine=self.config,
             reason="ungoverned: full settings; only the kernel throttles",
             rule="none.full",
+            freq_ratio=self.freq,
         )
 
     def interval_s(self, decision: Decision) -> float:
@@ -57,6 +66,22 @@ def footprints_of(device: DeviceSpec) -> dict[str, ModelFootprint]:
     return {m.name: m.footprint() for m in device.engine.model}
 
 
+def parse_constant(name: str) -> dict[str, float] | None:
+    """`constant:threads=3,freq=0.8` -> {"threads": 3, "freq": 0.8}; None when `name` is not a constant setting."""
+    if not name.startswith(CONSTANT + ":"):
+        return None
+    out: dict[str, float] = {}
+    for item in name.split(":", 1)[1].split(","):
+        key, _, value = item.partition("=")
+        if key not in ("threads", "freq"):
+            raise GovernorError(f"{name}: expected constant:threads=N,freq=R, got {key!r}")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            raise GovernorError(f"{name}: {key} must be a number, got {value!r}") from None
+    return out
+
+
 def load_policy(name_or_file: str) -> Policy | None:
     """A policy by shipped name or file; None for the ungoverned baseline `none`."""
     if name_or_file == NONE:
@@ -64,7 +89,19 @@ def load_policy(name_or_file: str) -> Policy | None:
     return policies.load_policy(name_or_file)
 
 
-def decider_for(policy: Policy | None, device: DeviceSpec) -> Decider:
+def load_run(name_or_file: str) -> Policy | str | None:
+    """What `simulate --policy` names: a policy, `none` (None) or a constant setting (its name, checked)."""
+    if parse_constant(name_or_file) is not None:
+        return name_or_file
+    return load_policy(name_or_file)
+
+
+def decider_for(policy: Policy | str | None, device: DeviceSpec) -> Decider:
     if policy is None:
         return Ungoverned(device)
-    return Governor(policy, ladder=ladder_of(device), footprints=footprints_of(device))
+    if isinstance(policy, str):
+        const = parse_constant(policy) or {}
+        threads = int(const["threads"]) if "threads" in const else None
+        return Ungoverned(device, threads=threads, freq=const.get("freq"))
+    ratios = device.cpu.freq_steps if device.cpu.freq_writable else None
+    return Governor(policy, ladder=ladder_of(device), footprints=footprints_of(device), freq_ratios=ratios)

@@ -41,6 +41,7 @@ class CpuSpec(Spec):
     little_thread_w: float = Field(default=0.2, ge=0)  # a busy little core's power at f_max
     freq_steps: tuple[float, ...] = Field(min_length=1)  # frequency ratio per cooling state; state 0 is 1.0
     poll_s: float = Field(default=1.0, gt=0)  # the thermal zone's passive polling delay
+    freq_writable: bool = True  # may the governor write scaling_max_freq (Android without root: no)
 
     @model_validator(mode="after")
     def _descending(self) -> CpuSpec:

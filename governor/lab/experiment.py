@@ -40,6 +40,8 @@ class Summary(BaseModel):
     peak_die_c: float
     throttled_pct: float
     state_changes: int
+    config_changes: int  # ticks whose engine config (threads, context, KV, model, rate) differed from the last
+    state_config_changes: int  # state changes that also changed the engine config (reconfiguration churn)
     state_pct: dict[str, float]  # share of the run spent in each state
     energy_j: float
     j_per_token: float | None
@@ -83,6 +85,8 @@ def simulate(
     stop = threading.Event()
     states: list[tuple[float, str]] = []
     ticks = 0
+    changes = [0, 0]  # config changes, of which at a state change
+    last: list[Decision] = []
 
     def listen(t: float, snapshot: Snapshot, observed: EngineObservation | None, decision: Decision) -> None:
         nonlocal ticks
@@ -90,6 +94,10 @@ def simulate(
         if trace is not None:
             record = TraceRecord(**dict(snapshot), t=t, engine=observed)
             trace.write(record.model_dump_json(exclude_defaults=True) + "\n")
+        if last and decision.engine != last[0].engine:
+            changes[0] += 1
+            changes[1] += decision.state != last[0].state
+        last[:] = [decision]
         if not states or states[-1][1] != decision.state.value:
             states.append((t, decision.state.value))
         if t >= end_s:
@@ -97,12 +105,12 @@ def simulate(
             loop.wake.set()
 
     sensors, engine = SimulatedDevice(world, clock), SimulatedEngine(world, clock)
-    loop = GovernorLoop(sensors, decider, engine, clock, listeners=[listen])
+    loop = GovernorLoop(sensors, decider, engine, clock, listeners=[world.on_tick, listen])
     for event in workload.event:
         if event.plugged is not None:  # a power_supply uevent: the daemon ticks at once (udev), so does the lab
             clock.call_at(event.at_s, loop.wake.set)
     loop.run(stop)
-    summary = summarize(world, policy_name, workload.name, states)
+    summary = summarize(world, policy_name, workload.name, states, changes=(changes[0], changes[1]))
     return Run(summary=summary, series=world.series, states=states, ticks=ticks)
 
 
@@ -115,7 +123,9 @@ def time_in_states(states: Sequence[tuple[float, str]], end_s: float) -> dict[st
     return {k: 100 * v / total for k, v in spent.items()} if total else {}
 
 
-def summarize(world: World, policy: str, workload: str, states: Sequence[tuple[float, str]]) -> Summary:
+def summarize(
+    world: World, policy: str, workload: str, states: Sequence[tuple[float, str]], changes: tuple[int, int] = (0, 0)
+) -> Summary:
     stats = world.engine.stats
     energy = world.thermal.energy_in_j
     bat = world.device.battery
@@ -139,6 +149,8 @@ def summarize(world: World, policy: str, workload: str, states: Sequence[tuple[f
         peak_die_c=world.peak_die_c,
         throttled_pct=100 * world.throttled_s / world.t if world.t else 0.0,
         state_changes=max(0, len(states) - 1),
+        config_changes=changes[0],
+        state_config_changes=changes[1],
         state_pct=time_in_states(states, world.t),
         energy_j=energy,
         j_per_token=energy / stats.tokens if stats.tokens else None,

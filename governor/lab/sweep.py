@@ -1,5 +1,8 @@
 """`governor sweep`: run a policy over a grid of overridden thresholds, on every core, and rank the results.
 
+`--policy constant` sweeps fixed settings instead (`--param threads=1,2,3,4 --param freq=0.6,0.8,1.0`): the best
+constant configuration that stays under the trip, what the online controller is measured against.
+
 Score (higher is better): the tokens generated, for runs whose peak stays below the device's trip with no OOM kill
 and no failed answer; any other run scores 0 (disqualified). Ties go to the lower energy per token.
 """
@@ -21,7 +24,7 @@ from pydantic import ValidationError
 
 from governor import logs
 from governor.errors import GovernorError
-from governor.lab.deciders import decider_for
+from governor.lab.deciders import CONSTANT, decider_for, parse_constant
 from governor.lab.device import DeviceSpec
 from governor.lab.experiment import Summary, simulate
 from governor.lab.workload import WorkloadSpec
@@ -90,15 +93,26 @@ def _quiet() -> None:
 
 
 def _run(
-    device: DeviceSpec, policy: Policy, workload: WorkloadSpec, values: dict[str, Any], minutes: float | None
+    device: DeviceSpec, policy: Policy | str, workload: WorkloadSpec, values: dict[str, Any], minutes: float | None
 ) -> Result:
-    summary = simulate(device, decider_for(policy, device), workload, policy_name=policy.name, minutes=minutes).summary
+    name = policy if isinstance(policy, str) else policy.name
+    summary = simulate(device, decider_for(policy, device), workload, policy_name=name, minutes=minutes).summary
     return Result(values, summary)
+
+
+def constant(values: dict[str, Any]) -> str:
+    """A constant setting (`--policy constant --param threads=1,2 --param freq=0.6,1.0`) as the lab names it."""
+    name = f"{CONSTANT}:" + ",".join(f"{k}={v}" for k, v in values.items())
+    try:
+        parse_constant(name)
+    except GovernorError as exc:
+        raise SweepError(str(exc)) from exc
+    return name
 
 
 def sweep(
     device: DeviceSpec,
-    policy: Policy,
+    policy: Policy | str,
     workload: WorkloadSpec,
     params: Sequence[Param],
     *,
@@ -113,7 +127,7 @@ def sweep(
     with ProcessPoolExecutor(max_workers=jobs or os.cpu_count() or 1, initializer=_quiet) as pool:
         for i, values in enumerate(combos):
             try:
-                varied = override(policy, values)
+                varied = constant(values) if isinstance(policy, str) else override(policy, values)
             except SweepError as exc:
                 results[i] = Result(values, None, str(exc))
                 continue

@@ -10,7 +10,7 @@ from governor.lab.device import MB, DeviceSpec
 from governor.lab.engine import EngineSim
 from governor.lab.thermal import StepWise, ThermalModel
 from governor.lab.workload import Driver, WorkloadSpec
-from policies.decision import EngineConfig
+from policies.decision import Decision, EngineConfig
 from sensors.snapshot import Battery, Cpu, EngineObservation, Memory, Snapshot, Temperature, Trip
 
 PSI_KNEE = 0.10  # memory stalls start when less than this fraction of RAM is available
@@ -55,6 +55,7 @@ class World:
         self.t = 0.0
         self._steps = 0
         self.power_w = device.power.idle_w
+        self.user_cap = 1.0  # scaling_max_freq / cpuinfo_max_freq as the governor set it
         self.busy_cores = 0.0
         # running figures for the summary
         self.peak_limit_c = self.peak_die_c = self.zone_temp(self.limit_index)
@@ -69,7 +70,21 @@ class World:
 
     @property
     def freq_ratio(self) -> float:
-        return self.device.cpu.freq_steps[self.kernel.state]
+        """The clock the cores run at: the lower of the user's cap and the kernel's own cooling step."""
+        return min(self.user_cap, self.device.cpu.freq_steps[self.kernel.state])
+
+    def set_cap(self, ratio: float | None) -> None:
+        """`scaling_max_freq` written: like the kernel, the highest table frequency at or under the ratio."""
+        steps = self.device.cpu.freq_steps
+        if ratio is None or ratio >= 1.0 or not self.device.cpu.freq_writable:
+            self.user_cap = 1.0
+            return
+        under = [f for f in steps if f <= ratio + 1e-9]
+        self.user_cap = max(under) if under else min(steps)
+
+    def on_tick(self, _t: float, _s: Snapshot, _o: EngineObservation | None, decision: Decision) -> None:
+        """A GovernorLoop listener, as the daemon's frequency actuator is: apply the decision's clock cap."""
+        self.set_cap(decision.freq_ratio)
 
     def advance_to(self, t: float) -> None:
         """Step the physics on its fixed grid up to `t` (the snapshot is at most one step old)."""

@@ -54,7 +54,7 @@ def test_frequency_steps_must_fall(tmp_path: Path) -> None:
 
 
 def test_unknown_name_lists_the_shipped_ones() -> None:
-    with pytest.raises(LabFileError, match="no such device; shipped: fanless-laptop, phone, raspberry-pi-5"):
+    with pytest.raises(LabFileError, match="no such device; shipped: fanless-laptop, n100-fanless-8b, phone, pi4-closed-case, raspberry-pi-5"):
         load_device("toaster")
 
 
