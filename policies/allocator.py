@@ -29,7 +29,13 @@ CEILING_GAIN = 0.2  # EWMA gain for the memory ceiling
 CEILING_BELOW = 0.85  # an observation this far under the compute line is ceiling-limited
 RATE_LIMITED = 0.9  # tokens/s at or above this share of the rate cap says nothing about the device
 TIE = 0.01  # choices within 1 % of the best: take the one with fewer watts (then fewer threads)
+RATE_DEADBAND = 0.05  # a new rate cap within 5 % of the last one keeps the last one
+CAP_BELOW = 0.95  # uncapped, a rate cap starts when it would hold the engine under 95 % of its speed ...
+LIFT_ABOVE = 0.99  # ... and, capped, lifts above 99 %: the PI's wobble between them is not a reconfiguration
 FREQ_STEP = 0.1  # coming back from hot, the clock cap rises by this share of the top clock per recover step
+
+
+Key = tuple[bool, float, float, int, float]  # (fits the budget uncapped, tokens/s, -load, -threads, clock)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,13 +139,13 @@ def allocate(
     full = model.load(full_threads, 1.0)
     budget = max(0.0, u) * full  # in load units (thread·f^k)
     budget_w = model.idle_w + model.core_w * budget
-    best: tuple[float, float, int, float] | None = None  # (tok_s, -load, -threads, freq)
-    best_other: dict[int, tuple[float, float, int, float]] = {}
+    best: Key | None = None  # (tok_s, -load, -threads, freq)
+    best_other: dict[int, Key] = {}
     for n in threads:
         for f in ratios:
             load = model.load(n, f)
             tok = model.speed(n, f) * (1.0 if load <= budget else budget / load)
-            key = (tok, -load, -n, f)
+            key = (load <= budget * (1 + 1e-9), tok, -load, -n, f)
             if best is None or _better(key, best):
                 best = key
             other = best_other.get(n)
@@ -149,30 +155,34 @@ def allocate(
     choice = _choice(model, best, budget=budget, budget_w=budget_w, max_rate=max_rate, min_rate=min_rate)
     rivals = [k for n, k in best_other.items() if n != choice.threads]
     if rivals:
-        rival = max(rivals, key=lambda k: k[0])
+        rival = max(rivals, key=lambda k: (k[0], k[1]))
         alt = _choice(model, rival, budget=budget, budget_w=budget_w, max_rate=max_rate, min_rate=min_rate)
         choice = replace(choice, alternative=alt)
     return choice
 
 
-def _better(a: tuple[float, float, int, float], b: tuple[float, float, int, float]) -> bool:
-    if a[0] > b[0] * (1 + TIE):
+def _better(a: Key, b: Key) -> bool:
+    """A configuration that fits uncapped beats a rate-capped one: between two clock steps the PI dithers the clock
+    (a sysfs write) rather than the engine's rate cap (a reconfiguration); the cap is for budgets under every step."""
+    if a[0] != b[0]:
+        return a[0]
+    if a[1] > b[1] * (1 + TIE):
         return True
-    if a[0] < b[0] * (1 - TIE):
+    if a[1] < b[1] * (1 - TIE):
         return False
-    return (a[1], a[2]) > (b[1], b[2])  # a near tie: fewer watts, then fewer threads
+    return (a[2], a[3]) > (b[2], b[3])  # a near tie: fewer watts, then fewer threads
 
 
 def _choice(
     model: DeviceModel,
-    key: tuple[float, float, int, float],
+    key: Key,
     *,
     budget: float,
     budget_w: float,
     max_rate: float | None,
     min_rate: float | None,
 ) -> Choice:
-    tok, neg_load, neg_n, f = key
+    _fits, tok, neg_load, neg_n, f = key
     load, n = -neg_load, -neg_n
     rate: float | None = None
     if load > budget * (1 + 1e-9):  # over budget even at its lowest clock: the rate cap takes the rest
@@ -207,6 +217,7 @@ class PowerAllocator:
         self.choice: Choice | None = None  # this tick's allocation (None outside hot and critical)
         self.freq: float | None = None  # the clock cap in force (None: none)
         self._freq_t = -math.inf
+        self._rate: float | None = None  # the rate cap last allocated
 
     @property
     def enabled(self) -> bool:
@@ -223,7 +234,7 @@ class PowerAllocator:
 
     def allocate(self, u: float, cpus: int | None) -> Choice:
         full = self.full_threads(cpus)
-        self.choice = allocate(
+        choice = allocate(
             self.model,
             u,
             threads=range(min(self.hot.min_threads or 1, full), full + 1),
@@ -232,7 +243,18 @@ class PowerAllocator:
             max_rate=self.hot.max_tokens_per_s,
             min_rate=self.hot.min_tokens_per_s,
         )
-        return self.choice
+        last, rate = self._rate, choice.rate
+        speed = self.model.speed(choice.threads, choice.freq_ratio)
+        threshold = (CAP_BELOW if last is None else LIFT_ABOVE) * speed  # hysteresis on the duty (rate ÷ speed)
+        if self.model.a is not None and rate is not None and rate >= threshold:
+            rate = None
+        if rate is not None and last is not None and abs(rate - last) <= RATE_DEADBAND * last:
+            rate = last
+        if rate != choice.rate:
+            choice = replace(choice, rate=rate)
+        self._rate = choice.rate
+        self.choice = choice
+        return choice
 
     def observe(
         self,

@@ -76,7 +76,7 @@ class FreqCap:
             )
         else:
             self.reason = f"{len(writable)} of {len(self.clusters)} cpufreq policies writable"
-        self._log.info("cpu frequency actuator", writable=bool(writable), reason=self.reason)
+        self._log.debug("cpu frequency actuator", writable=bool(writable), reason=self.reason)
 
     def recover(self) -> None:
         """A previous run died with caps in force (kill -9, a power cut during a write): put its originals back."""

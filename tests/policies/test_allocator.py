@@ -52,7 +52,8 @@ def test_the_same_watts_give_more_tokens_than_taking_threads() -> None:
 
 
 def test_below_the_lowest_clock_the_rate_cap_takes_the_rest() -> None:
-    choice = alloc(compute_bound(), 0.05)
+    assert alloc(compute_bound(), 0.05).rate is None  # one thread at half clock still fits: no cap
+    choice = alloc(compute_bound(), 0.01)  # nothing fits: the lowest clock, and the rate cap
     assert choice.freq_ratio == 0.4
     assert choice.rate is not None
     assert choice.rate >= 1.0
