@@ -35,7 +35,7 @@ LIFT_ABOVE = 0.99  # ... and, capped, lifts above 99 %: the PI's wobble between 
 FREQ_STEP = 0.1  # coming back from hot, the clock cap rises by this share of the top clock per recover step
 
 
-Key = tuple[bool, float, float, int, float]  # (fits the budget uncapped, tokens/s, -load, -threads, clock)
+Key = tuple[bool, float, float, int, float]  # (fits the budget uncapped, tokens/s, load, threads, clock)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,8 @@ class DeviceModel:
         self.a: float | None = prior.thread_tok_s  # tokens/s of one thread at the top clock, compute-limited
         self.ceiling: float | None = None  # tokens/s the memory allows, once seen
         self.observations = 0
+        self._powers_of: Sequence[float] | None = None
+        self._powers: tuple[float, ...] = ()
         # Recursive least squares on P = idle + w·x (x = n·f^k·duty), starting from the prior with low confidence.
         self._theta = [prior.idle_w, prior.core_w]
         self._cov = [[4.0, 0.0], [0.0, 1.0]]
@@ -72,6 +74,12 @@ class DeviceModel:
 
     def load(self, threads: int, freq: float) -> float:
         return threads * math.pow(freq, self.k)
+
+    def powers(self, ratios: Sequence[float]) -> tuple[float, ...]:
+        """f^k for each ratio, computed once per table (the allocator asks every tick)."""
+        if ratios is not self._powers_of:
+            self._powers_of, self._powers = ratios, tuple(math.pow(f, self.k) for f in ratios)
+        return self._powers
 
     def speed(self, threads: int, freq: float) -> float:
         """Predicted decode tokens/s; in units of one thread at the top clock while `a` is unknown."""
@@ -136,41 +144,44 @@ def allocate(
     min_rate: float | None,
 ) -> Choice:
     """The (threads, clock, rate) with the most predicted tokens/s within the budget u x full dynamic power."""
-    full = model.load(full_threads, 1.0)
-    budget = max(0.0, u) * full  # in load units (thread·f^k)
+    budget = max(0.0, u) * full_threads  # in load units (thread·f^k); all threads at the top clock = full_threads
+    limit = budget * (1 + 1e-9)
     budget_w = model.idle_w + model.core_w * budget
-    best: Key | None = None  # (tok_s, -load, -threads, freq)
-    best_other: dict[int, Key] = {}
-    for n in threads:
-        for f in ratios:
-            load = model.load(n, f)
-            tok = model.speed(n, f) * (1.0 if load <= budget else budget / load)
-            key = (load <= budget * (1 + 1e-9), tok, -load, -n, f)
-            if best is None or _better(key, best):
-                best = key
-            other = best_other.get(n)
-            if other is None or _better(key, other):
-                best_other[n] = key
+    a, ceiling = model.a or 1.0, model.ceiling
+    keys: list[Key] = []
+    for f, fk in zip(ratios, model.powers(ratios), strict=True):
+        for n in threads:
+            load = n * fk
+            tok = a * n * f
+            if ceiling is not None and tok > ceiling:
+                tok = ceiling
+            fits = load <= limit
+            keys.append((fits, tok if fits else tok * budget / load, load, n, f))
+    best = _best(keys, None)
     assert best is not None  # threads and ratios are never empty
-    choice = _choice(model, best, budget=budget, budget_w=budget_w, max_rate=max_rate, min_rate=min_rate)
-    rivals = [k for n, k in best_other.items() if n != choice.threads]
-    if rivals:
-        rival = max(rivals, key=lambda k: (k[0], k[1]))
-        alt = _choice(model, rival, budget=budget, budget_w=budget_w, max_rate=max_rate, min_rate=min_rate)
-        choice = replace(choice, alternative=alt)
-    return choice
+    other = _best(keys, best[3])
+    alt = None
+    if other is not None:
+        alt = _choice(model, other, budget=budget, budget_w=budget_w, max_rate=max_rate, min_rate=min_rate)
+    return _choice(model, best, budget=budget, budget_w=budget_w, max_rate=max_rate, min_rate=min_rate, alt=alt)
 
 
-def _better(a: Key, b: Key) -> bool:
-    """A configuration that fits uncapped beats a rate-capped one: between two clock steps the PI dithers the clock
-    (a sysfs write) rather than the engine's rate cap (a reconfiguration); the cap is for budgets under every step."""
-    if a[0] != b[0]:
-        return a[0]
-    if a[1] > b[1] * (1 + TIE):
-        return True
-    if a[1] < b[1] * (1 - TIE):
-        return False
-    return (a[2], a[3]) > (b[2], b[3])  # a near tie: fewer watts, then fewer threads
+def _best(keys: Sequence[Key], not_threads: int | None) -> Key | None:
+    """The most tokens/s; a configuration that fits uncapped beats a rate-capped one (between two clock steps the PI
+    dithers the clock, a sysfs write, rather than the engine's rate cap, a reconfiguration; the cap is for budgets
+    under every step); within 1 % of the most, the fewest watts, then the fewest threads. Plain loops: every tick."""
+    fits, top = False, -1.0
+    for k in keys:
+        if k[3] != not_threads and (k[0], k[1]) > (fits, top):
+            fits, top = k[0], k[1]
+    floor = top * (1 - TIE)
+    best: Key | None = None
+    for k in keys:
+        if k[3] == not_threads or k[0] != fits or k[1] < floor:
+            continue
+        if best is None or (k[2], k[3]) < (best[2], best[3]):
+            best = k
+    return best  # None: every configuration has `not_threads` threads
 
 
 def _choice(
@@ -181,9 +192,9 @@ def _choice(
     budget_w: float,
     max_rate: float | None,
     min_rate: float | None,
+    alt: Choice | None = None,
 ) -> Choice:
-    _fits, tok, neg_load, neg_n, f = key
-    load, n = -neg_load, -neg_n
+    _fits, tok, load, n, f = key
     rate: float | None = None
     if load > budget * (1 + 1e-9):  # over budget even at its lowest clock: the rate cap takes the rest
         if model.a is not None:
@@ -203,6 +214,7 @@ def _choice(
         tok_s=tok if model.a is not None else None,
         power_w=model.power_w(n, f, duty),
         budget_w=budget_w,
+        alternative=alt,
     )
 
 

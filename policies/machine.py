@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import NamedTuple
 
 from policies.allocator import PowerAllocator
@@ -117,6 +118,11 @@ class Governor:
         self, snapshot: Snapshot, engine: EngineObservation | None, t: float, holds: Sequence[Hold] = ()
     ) -> Decision:
         sense = self._sense(snapshot, engine, t)
+        if self.power.enabled:  # the clock's fine steps let the setpoint sit closer to the trip
+            view = sense.view
+            setpoint = max(view.trip_c - self.policy.power.control_margin_c, view.hot_exit_c + 0.5)
+            if setpoint != view.setpoint_c:
+                sense = replace(sense, view=replace(view, setpoint_c=setpoint))
         desired = next((s for s in PRIORITY if s in self.triggers and self.triggers[s].on), State.IDLE)
         previous_state = self.state
         held_for = self._gate(desired, t)

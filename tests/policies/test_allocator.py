@@ -100,7 +100,7 @@ def hot_policy() -> Governor:
 
 def test_hot_caps_the_clock_and_keeps_the_threads_when_the_clock_is_writable() -> None:
     gov = hot_policy()
-    decisions = run(gov, [snap(79.0)] * 12)  # 1 °C over the setpoint: the budget shrinks, some of it stays
+    decisions = run(gov, [snap(80.5)] * 12)  # 1 °C over the setpoint: the budget shrinks, some of it stays
     last = decisions[-1]
     assert last.state == State.HOT
     assert last.freq_ratio is not None
@@ -148,3 +148,11 @@ def test_the_model_learns_from_the_engines_counters_in_hot() -> None:
     run(gov, [snap(85.0)] * 12, engine=engine)
     assert gov.power.model.observations > 0
     assert gov.power.model.a is not None
+
+
+def test_with_the_clock_the_setpoint_sits_closer_to_the_trip() -> None:
+    """The test policy's trip is 80 °C and control margin 2 °C; with a writable clock [power] allows 0.5 °C."""
+    with_clock = run(hot_policy(), [snap(79.0)] * 6)[-1]
+    threads_only = run(Governor(make_policy()), [snap(79.0)] * 6)[-1]
+    assert with_clock.readings["setpoint_c"] == 79.5
+    assert threads_only.readings["setpoint_c"] == 78.0
