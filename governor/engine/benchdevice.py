@@ -183,7 +183,11 @@ def prior_of(runs: Sequence[Measured], base: Power) -> Power:
 def write_toml(path: Path, power: Power, runs: Sequence[Measured], header: str) -> None:
     lines = [f"# {line}" for line in header.splitlines()]
     lines += ["[power]"]
-    lines += [f"{k} = {_toml(v)}" for k, v in power.model_dump(exclude={"freq_cap"}).items() if v is not None]
+    lines += [
+        f"{k} = {_toml(v)}"
+        for k, v in power.model_dump(exclude={"freq_cap", "control_margin_c"}).items()
+        if v is not None
+    ]
     for r in runs:
         lines += ["", "[[run]]"] + [f"{k} = {_toml(v)}" for k, v in r.model_dump().items() if v is not None]
     path.write_text("\n".join(lines) + "\n")
