@@ -18,7 +18,14 @@ from policies.decision import Decision, Hold
 from sensors.snapshot import EngineObservation, Snapshot
 
 LONG_CHAT = load_workload("long-chat")
-SHIPPED = [("raspberry-pi-5", "raspberry-pi"), ("phone", "android-termux"), ("fanless-laptop", "fanless-laptop")]
+SHIPPED = [
+    ("raspberry-pi-5", "raspberry-pi"),
+    ("phone", "android-termux"),
+    ("fanless-laptop", "fanless-laptop"),
+    ("pi4-closed-case", "raspberry-pi"),  # compute-bound: the clock cap is what makes governing pay here
+    ("n100-fanless-8b", "fanless-laptop"),  # memory-bound
+]
+WRITABLE_CLOCK = [pair for pair in SHIPPED if pair[0] != "phone"]
 
 
 @cache
@@ -119,3 +126,33 @@ def test_time_in_states_adds_up() -> None:
     assert sum(s.state_pct.values()) == pytest.approx(100.0)
     assert s.state_pct["hot"] > 10.0  # the skin limit binds in a long chat
     assert run("phone", NONE).summary.state_pct == {"sustained": 100.0}
+
+
+@pytest.mark.parametrize(("device_name", "policy_name"), WRITABLE_CLOCK)
+def test_with_the_clock_cap_no_more_joules_per_token_nor_throttling(device_name: str, policy_name: str) -> None:
+    governed, ungoverned = run(device_name, policy_name).summary, run(device_name, NONE).summary
+    assert governed.j_per_token is not None
+    assert ungoverned.j_per_token is not None
+    assert governed.j_per_token <= ungoverned.j_per_token
+    assert governed.throttled_pct <= 2.0
+
+
+@pytest.mark.parametrize(("device_name", "policy_name"), SHIPPED)
+def test_turn_boundaries_do_not_reconfigure_the_engine(device_name: str, policy_name: str) -> None:
+    """A steady 30-minute chat: at most one config-changing state change per 5 minutes (issue 10)."""
+    s = run(device_name, policy_name).summary
+    assert s.state_changes > s.state_config_changes  # idle <-> sustained at turns, with the same config
+    assert s.state_config_changes <= 6
+
+
+def test_on_a_compute_bound_board_the_clock_beats_threads() -> None:
+    """The issue's finding: taking threads costs throughput linearly, lowering the clock saves power as f^2.5."""
+    clock = load_device("pi4-closed-case")
+    threads_only = clock.model_copy(update={"cpu": clock.cpu.model_copy(update={"freq_writable": False})})
+    policy = load_policy("raspberry-pi")
+    with_clock = simulate(clock, decider_for(policy, clock), LONG_CHAT, policy_name="clock").summary
+    without = simulate(threads_only, decider_for(policy, threads_only), LONG_CHAT, policy_name="threads").summary
+    assert with_clock.tokens > 1.1 * without.tokens
+    assert with_clock.j_per_token is not None
+    assert without.j_per_token is not None
+    assert with_clock.j_per_token < without.j_per_token
