@@ -39,6 +39,25 @@ def _fmt(value: Any, unit: str = "", digits: int = 1) -> str:
     return safe(f"{value}{unit}")
 
 
+def _clock_row(head: Table, freq: dict[str, Any] | None) -> None:
+    if freq:
+        head.add_row("cpu clock", _clock(freq))
+
+
+def _clock(freq: dict[str, Any]) -> str:
+    """The frequency actuator: the caps in force per cluster, or why there are none."""
+    if freq.get("freq_cap_khz"):
+        clusters = ", ".join(
+            f"{safe(c['policy'])} {c['cap_khz'] / 1e6:.2f} of {c['max_khz'] / 1e6:.2f} GHz"
+            for c in freq.get("clusters") or []
+            if c.get("cap_khz")
+        )
+        return f"[yellow]capped[/]: {clusters} (restored on exit)"
+    if freq.get("writable"):
+        return "not capped (the governor may cap it when hot)"
+    return f"[dim]{safe(freq.get('reason'))}[/]"
+
+
 def status_table(status: dict[str, Any], console: Console, now: float | None = None) -> None:
     now = time.time() if now is None else now
     head = Table.grid(padding=(0, 2))
@@ -60,6 +79,7 @@ def status_table(status: dict[str, Any], console: Console, now: float | None = N
             f"model {safe(cfg['model'])}, {threads}, n_ctx {cfg['n_ctx']}, KV {safe(cfg['kv_type'])}, "
             f"rate cap {'none' if cap is None else f'{cap:g} tok/s'}",
         )
+    _clock_row(head, (status.get("actuators") or {}).get("cpufreq"))
     eng = status.get("engine")
     sup = status.get("supervisor") or {}
     if eng:

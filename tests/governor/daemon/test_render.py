@@ -126,3 +126,15 @@ def test_text_from_clients_and_sensors_cannot_style_or_drive_the_terminal() -> N
     plain = console.export_text()
     assert "[bold red]forged[/]" in plain  # shown as the text it is, not applied
     assert "by [/] [31mroot" in plain
+
+
+def test_the_clock_cap_and_where_it_cannot_be_written() -> None:
+    base = {"state": "hot", "since": NOW - 5, "reason": "hot: ...", "config": CONFIG, "engine": None}
+    cluster = {"policy": "policy4", "cpus": "4-7", "writable": True, "cap_khz": 1_608_000, "max_khz": 2_400_000}
+    capped = {"writable": True, "reason": "", "freq_cap_khz": 1_608_000, "clusters": [cluster]}
+    text = shown(base | {"actuators": {"cpufreq": capped}})
+    assert "cpu clock" in text
+    assert "capped: policy4 1.61 of 2.40 GHz (restored on exit)" in text
+    unwritable = {"writable": False, "reason": "scaling_max_freq is not writable: threads and rate are the actuators"}
+    text = shown(base | {"actuators": {"cpufreq": unwritable | {"freq_cap_khz": None, "clusters": []}}})
+    assert "not writable: threads and rate are the actuators" in text
