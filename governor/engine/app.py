@@ -1,4 +1,4 @@
-"""The HTTP side: an OpenAI-compatible chat API and the engine's control API, on the event loop.
+"""The HTTP side: an OpenAI-compatible chat and completions API and the engine's control API, on the event loop.
 
 Requests are validated once (pydantic, strict), never per token; an answer's way out (the worker → loop hand-off,
 the SSE response) is governor.engine.stream.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import time
 from typing import Any
 
 import psutil
@@ -19,10 +20,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from governor.engine.chat import ChatRequest
+from governor.engine import refusals
+from governor.engine.chat import ChatRequest, CompletionRequest
 from governor.engine.config import Applied, ConfigChange, ConfigRefused, Settings, resolve
+from governor.engine.grammar import Constraint, SchemaRefused, constraint, pointer_to_param
 from governor.engine.jobs import ConfigJob, Job
-from governor.engine.stream import Event, Events, EventStream, Reply, sse, watch_disconnect
+from governor.engine.replies import CompletionReply, Reply, ToolReply
+from governor.engine.stream import Event, Events, EventStream, sse, watch_disconnect
 from governor.engine.worker import Worker
 
 
@@ -78,16 +82,18 @@ def validation_error(exc: ValidationError) -> JSONResponse:
 
 
 class EngineApp:
-    def __init__(self, worker: Worker, *, queue_max: int = 8, drain_s: float = 10.0) -> None:
+    def __init__(self, worker: Worker, *, queue_max: int = 8, drain_s: float = 10.0, load_wait_s: float = 60.0) -> None:
         self.worker = worker
         self.queue_max = queue_max
         self.drain_s = drain_s
+        self.load_wait_s = load_wait_s  # how long a request may wait on a model load before a 503
         self._process = psutil.Process()
         self.rejected_total = 0
         self.app = Starlette(
             routes=[
                 Route("/v1/models", self.models, methods=["GET"]),
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                Route("/v1/completions", self.completions, methods=["POST"]),
                 Route("/engine/status", self.status, methods=["GET"]),
                 Route("/engine/config", self.config, methods=["POST"]),
             ],
@@ -106,11 +112,15 @@ class EngineApp:
         return error(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error")
 
     async def models(self, request: Request) -> Response:
-        loaded = self.worker.settings.model
-        data = [
-            {"id": name, "object": "model", "created": 0, "owned_by": "governor", "loaded": name == loaded}
-            for name in self.worker.models
-        ]
+        w = self.worker
+        current, loaded = w.settings.model, w.slot.loaded
+        data = []
+        for name, spec in w.models.items():
+            entry: dict[str, Any] = {"id": name, "object": "model", "created": 0, "owned_by": "governor"}
+            entry |= {"tier": name, "loaded": loaded and name == current, "current": name == current}
+            entry["context_length"] = w.settings.n_ctx if name == current else spec.default_ctx
+            entry["max_context_length"] = spec.max_ctx
+            data.append(entry)
         return JSONResponse({"object": "list", "data": data})
 
     async def status(self, request: Request) -> Response:
@@ -118,6 +128,12 @@ class EngineApp:
         body = {
             **w.settings.as_dict(),
             "model_path": str(w.models[w.settings.model].path),
+            "loaded": w.slot.loaded,
+            "loading": None if w.slot.progress is None else w.slot.progress.as_dict(),
+            "keep_alive_s": w.slot.keep_alive_s or 0,
+            "last_load_s": None if w.slot.last_load_s is None else round(w.slot.last_load_s, 3),
+            "loads_total": w.slot.loads_total,
+            "unloads_total": w.slot.unloads_total,
             "busy": w.busy,
             "tokens_per_s": round(w.tokens_per_s(), 3),
             "decode_tokens_per_s": None if w.decode_tokens_per_s is None else round(w.decode_tokens_per_s, 3),
@@ -165,6 +181,30 @@ class EngineApp:
             return too_large(MAX_CHAT_BODY)
         except ValidationError as exc:
             return validation_error(exc)
+        refused = refusals.check(req)
+        if refused is not None:
+            return error(400, refused.message, param=refused.param, code=refused.code)
+        try:
+            wanted = constraint(req)
+        except SchemaRefused as exc:
+            return error(400, str(exc), param=pointer_to_param(exc.where), code="unsupported_schema")
+        return await self._answer(request, req, wanted, ToolReply if wanted.tools else Reply)
+
+    async def completions(self, request: Request) -> Response:
+        try:
+            req = CompletionRequest.model_validate_json(await read_body(request, MAX_CHAT_BODY))
+        except BodyTooLarge:
+            return too_large(MAX_CHAT_BODY)
+        except ValidationError as exc:
+            return validation_error(exc)
+        refused = refusals.check(req)
+        if refused is not None:
+            return error(400, refused.message, param=refused.param, code=refused.code)
+        return await self._answer(request, req, Constraint(None, None), CompletionReply)
+
+    async def _answer(
+        self, request: Request, req: ChatRequest | CompletionRequest, wanted: Constraint, shape: type[Reply]
+    ) -> Response:
         if req.model is not None and req.model not in self.worker.models:
             return error(
                 404,
@@ -182,7 +222,7 @@ class EngineApp:
                 headers={"Retry-After": str(retry)},
             )
         events = Events(asyncio.get_running_loop(), eager=req.stream)
-        job = Job(req, events)
+        job = Job(req, events, wanted)
         self.worker.submit(job)
         watcher = asyncio.ensure_future(watch_disconnect(request.receive, events))
 
@@ -193,32 +233,65 @@ class EngineApp:
 
         streaming = False
         try:
-            first = await events.batch()
+            first, waited = await self._first(events)
             if first is None:
-                return Response(status_code=499)
+                return Response(status_code=499) if events.gone else self._load_too_long(waited)
             if first[0][0] == "error":
                 _, status, message, code = first[0]
                 return error(status, message, code=code)
             _, model, _, trimmed = first[0]
-            reply = Reply(model)
+            reply = shape(model)
             reply.governor["trimmed_messages"] = trimmed
+            # This request loaded the model (after an idle unload): say how long that took.
+            headers = {"X-Governor-Load-S": f"{job.load_s:.3f}"} if job.load_s else {}
             if not req.stream:
-                return await self._collect(events, first[1:], reply)
+                response = await self._collect(events, first[1:], reply)
+                response.headers.update(headers)
+                return response
             include_usage = req.stream_options is not None and req.stream_options.include_usage
             streaming = True  # the response closes from now on
-            return EventStream(sse(events, first[1:], reply, include_usage), on_close=close)
+            return EventStream(sse(events, first[1:], reply, include_usage), on_close=close, headers=headers)
         finally:
             if not streaming:
                 close()
 
+    async def _first(self, events: Events) -> tuple[list[Event] | None, float]:
+        """The first events of an answer, and how long it waited behind a model load. None when the client went
+        away, or when a load kept it waiting `load_wait_s` (then the caller answers 503)."""
+        task = asyncio.ensure_future(events.batch())
+        waited, tick = 0.0, 0.25
+        try:
+            while True:
+                loading = self.worker.slot.progress is not None
+                if loading and waited >= self.load_wait_s:
+                    return None, waited
+                await asyncio.wait({task}, timeout=tick)
+                if task.done():
+                    return task.result(), waited
+                if loading:
+                    waited += tick  # only time spent behind a load counts; behind answers the queue limit rules
+        finally:
+            task.cancel()
+
+    def _load_too_long(self, waited_s: float) -> Response:
+        progress = self.worker.slot.progress
+        remaining = None if progress is None else progress.remaining_s(time.monotonic())
+        retry = max(1, min(300, math.ceil(remaining if remaining is not None else waited_s)))
+        fraction = 1.0 if progress is None else progress.fraction
+        return error(
+            503,
+            f"the model is still loading ({fraction:.0%} after {waited_s:.1f} s of waiting); retry in {retry} s",
+            code="model_loading",
+            headers={"Retry-After": str(retry), "X-Governor-Load-Progress": f"{fraction:.4f}"},
+        )
+
     async def _collect(self, events: Events, backlog: list[Event], reply: Reply) -> Response:
-        parts: list[str] = []
         batch: list[Event] | None = backlog
         while batch is not None:
             for ev in batch:
                 kind = ev[0]
                 if kind == "text":
-                    parts.append(ev[1])
+                    reply.collect(ev[1])
                 elif kind == "trim":
                     reply.governor["trimmed_messages"] = ev[1]
                 elif kind == "model":
@@ -226,7 +299,7 @@ class EngineApp:
                 elif kind == "error":
                     return error(ev[1], ev[2], code=ev[3])
                 elif kind == "end":
-                    return JSONResponse(reply.full("".join(parts), ev[1], ev[2]))
+                    return JSONResponse(reply.full(ev[1], ev[2]))
             batch = await events.batch()
         return Response(status_code=499)
 

@@ -15,26 +15,47 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
-class TextPart(BaseModel):
+class ContentPart(BaseModel):
+    """One part of a message's content; only "text" parts are read (refusals.py refuses the others by name)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: str
+    text: str | None = None
+
+
+class FunctionCall(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    type: Literal["text"]
-    text: str
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    """A tool call in an earlier assistant message of the conversation."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True)
 
     role: Role
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant messages: the calls it made
+    tool_call_id: str | None = None  # tool messages: the call this is the result of
 
     def text(self) -> str:
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(p.text for p in self.content)
+        return "".join(p.text or "" for p in self.content)
 
 
 class StreamOptions(BaseModel):
@@ -43,19 +64,63 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class ChatRequest(BaseModel):
-    """The fields of OpenAI's chat completion request this engine honours; unknown fields are ignored (clients
-    send many), wrongly typed known fields are a 400. `strict` so that "0.5" is not silently a float."""
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
 
-    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionName(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["function"]
+    function: FunctionName
+
+
+class Sampling(BaseModel):
+    """Fields shared by chat and plain completions. Fields not declared here or in a subclass are collected
+    (`extra="allow"`) and judged by refusals.py: honoured, harmlessly ignored, or a 400 naming the field.
+    `strict` so that "0.5" is not silently a float."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
     # Optional, as llama.cpp's server and Ollama allow: the governor, not the client, picks the tier.
     model: str | None = Field(default=None, min_length=1)
-    messages: list[Message] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1, le=1 << 20)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=1 << 20)
     temperature: float = Field(default=0.8, ge=0, le=2)
     top_p: float = Field(default=0.95, gt=0, le=1)
     top_k: int = Field(default=40, ge=0, le=1 << 20)
@@ -65,7 +130,6 @@ class ChatRequest(BaseModel):
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
     seed: int | None = Field(default=None, ge=0, lt=1 << 32)
     stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1, le=1)
     ignore_eos: bool = False  # llama.cpp server's extension: an end-of-generation token does not end the answer
 
     @field_validator("stop")
@@ -81,7 +145,7 @@ class ChatRequest(BaseModel):
         return [s for s in ([self.stop] if isinstance(self.stop, str) else self.stop) if s]
 
     def token_limit(self) -> int | None:
-        return self.max_completion_tokens or self.max_tokens
+        return self.max_tokens
 
     def sampling(self) -> dict[str, Any]:
         """Keyword arguments for `Llama.generate`."""
@@ -94,6 +158,37 @@ class ChatRequest(BaseModel):
             "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
         }
+
+
+class ChatRequest(Sampling):
+    """OpenAI's chat completion request, as far as this engine honours it."""
+
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=1 << 20)
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # at most one call per answer either way (allowed, not required)
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(Sampling):
+    """OpenAI's (legacy) plain completion: a prompt continued without a chat template."""
+
+    prompt: str | list[str]
+    max_tokens: int | None = Field(default=16, ge=1, le=1 << 20)  # OpenAI's default for this endpoint
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, list) and len(v) != 1:
+            raise ValueError("one prompt per request (a list of exactly one string)")
+        return v
+
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
 
 
 class Tokenizer(Protocol):
@@ -117,6 +212,7 @@ class PromptTooLong(Exception):
 class FittedPrompt:
     tokens: list[int]
     trimmed_messages: int  # how many of the oldest non-system messages were left out
+    answer_tokens: int = 0  # the last this many tokens are `answer_so_far`
 
 
 def room_for_answer(n_ctx: int, max_tokens: int | None) -> int:
@@ -155,7 +251,7 @@ def fit(
         dropped += cut
     if len(tokens) >= n_ctx:
         raise PromptTooLong(len(tokens), n_ctx)
-    return FittedPrompt(tokens, dropped)
+    return FittedPrompt(tokens, dropped, len(suffix))
 
 
 class TextStream:

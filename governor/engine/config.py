@@ -23,7 +23,7 @@ from policies.ladder import ModelLadder
 GGML_TYPE: dict[str, int] = {"f16": 1, "q8_0": 8, "q4_0": 2}
 KV_TYPES: tuple[str, ...] = get_args(KvType)
 
-Applied = Literal["live", "reload"]
+Applied = Literal["live", "reload", "unloaded"]  # unloaded: recorded, used by the next load
 
 
 class ConfigRefused(Exception):

@@ -7,8 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from governor.engine.chat import ChatRequest, TextStream
+from governor.engine.chat import ChatRequest, CompletionRequest, TextStream
 from governor.engine.config import Applied, ConfigChange, Settings
+from governor.engine.grammar import Constraint
 
 
 class Sink(Protocol):
@@ -20,9 +21,11 @@ class Sink(Protocol):
 
 @dataclass(eq=False)
 class Job:
-    request: ChatRequest
+    request: ChatRequest | CompletionRequest
     sink: Sink
+    constraint: Constraint = field(default_factory=lambda: Constraint(None, None))
     cancelled: threading.Event = field(default_factory=threading.Event)
+    load_s: float = 0.0  # time the worker spent loading the model for this job (set before its "start" event)
 
 
 @dataclass(eq=False)
@@ -48,10 +51,12 @@ class Run:
     """One generation in progress: what it needs to continue in a rebuilt context."""
 
     job: Job
-    messages: list[dict[str, str]]
+    messages: list[dict[str, str]] | None  # None: a plain completion of `prompt`
+    prompt: str | None
     ctx_tokens: list[int]  # everything evaluated (or to be) in the current context: prompt + answer so far
     n_prompt: int
     text: TextStream
+    answer_from: int = 0  # where the answer starts in ctx_tokens (after a re-render it is re-tokenized text)
     answer: bytearray = field(default_factory=bytearray)
     n_completion: int = 0
     trimmed: int = 0

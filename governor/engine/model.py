@@ -7,11 +7,12 @@ import ctypes
 import ctypes.util
 import functools
 import gc
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import llama_cpp
 from llama_cpp.llama_chat_format import CHATML_CHAT_TEMPLATE, Jinja2ChatFormatter
+from llama_cpp.llama_grammar import LlamaGrammar
 
 from governor.engine.config import GGML_TYPE, ModelSpec, Settings, learn_head_dim
 
@@ -20,15 +21,55 @@ class ModelLoadError(Exception):
     pass
 
 
+class _Llama(llama_cpp.Llama):
+    """`Llama` whose next sampler first accepts `replay` (the answer's tokens so far): after a rebuilt context the
+    grammar (structured output, tool calls) and the repetition penalties go on from where the answer is, instead of
+    from its start. `generate()` builds the sampler lazily, at its first step, so the tokens are handed over here."""
+
+    replay: Sequence[int] = ()
+
+    def __init__(self, *args: Any, on_progress: Callable[[float], None] | None = None, **kwargs: Any) -> None:
+        self._on_progress = on_progress
+        super().__init__(*args, **kwargs)
+
+    # `Llama` takes no progress callback (llama-cpp-python 0.3.36; upstream PR #2340 adds one). Its __init__ assigns
+    # `self.model_params` once, before it loads the model: this setter puts llama.cpp's callback into that struct.
+    @property
+    def model_params(self) -> Any:
+        return self._model_params
+
+    @model_params.setter
+    def model_params(self, params: Any) -> None:
+        on_progress = self._on_progress
+        if on_progress is not None:
+
+            def progress(fraction: float, _data: object) -> bool:
+                on_progress(fraction)
+                return True  # go on loading
+
+            self._progress_cb = llama_cpp.llama_progress_callback(progress)  # kept alive with the model
+            params.progress_callback = self._progress_cb
+        self._model_params = params
+
+    def _init_sampler(self, *args: Any, **kwargs: Any) -> Any:
+        sampler = super()._init_sampler(*args, **kwargs)
+        for token in self.replay:
+            llama_cpp.llama_sampler_accept(sampler.sampler, token)
+        self.replay = ()
+        return sampler
+
+
 class LoadedModel:
     """Owns a `llama_cpp.Llama`; only the worker thread calls it once the engine runs."""
 
-    def __init__(self, spec: ModelSpec, settings: Settings) -> None:
+    def __init__(
+        self, spec: ModelSpec, settings: Settings, *, on_progress: Callable[[float], None] | None = None
+    ) -> None:
         self.spec = spec
         self.n_ctx = settings.n_ctx
         self.kv_type = settings.kv_type
         try:
-            self.llm = llama_cpp.Llama(
+            self.llm = _Llama(
                 model_path=str(spec.path),
                 n_ctx=settings.n_ctx,
                 n_threads=settings.threads,
@@ -37,6 +78,7 @@ class LoadedModel:
                 type_v=GGML_TYPE[settings.kv_type],
                 flash_attn=spec.flash_attn,
                 verbose=False,
+                on_progress=on_progress,
             )
         except (ValueError, RuntimeError) as exc:
             raise ModelLoadError(f"cannot load {spec.path} with {settings.as_dict()}: {exc}") from exc
@@ -104,9 +146,39 @@ class LoadedModel:
         self.llm.n_threads = self.llm.n_threads_batch = n
         self.threads = n
 
-    def generate(self, tokens: Sequence[int], sampling: dict[str, Any], seed: int | None) -> Any:
+    def encode_plain(self, text: str) -> list[int]:
+        """A plain completion's prompt: no template, so BOS is added here (as llama.cpp's server does)."""
+        return list(self.llm.tokenize(text.encode(), add_bos=True, special=True))
+
+    def grammar_error(self, grammar: str) -> str | None:
+        """None when llama.cpp can build a sampler from `grammar`, else why not (checked before generating: a
+        grammar llama.cpp rejects would otherwise be a null sampler in the chain)."""
+        sampler = llama_cpp.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")
+        if not sampler:
+            return "llama.cpp could not parse the grammar made from it"
+        llama_cpp.llama_sampler_free(sampler)
+        return None
+
+    def generate(
+        self,
+        tokens: Sequence[int],
+        sampling: dict[str, Any],
+        seed: int | None,
+        *,
+        grammar: str | None = None,
+        replay: Sequence[int] = (),
+    ) -> Any:
+        """A token generator; `grammar` constrains it, `replay` are tokens of the answer already accepted by it."""
         self.llm.set_seed(seed if seed is not None else llama_cpp.LLAMA_DEFAULT_SEED)
-        return self.llm.generate(tokens, reset=True, **sampling)
+        self.llm.replay = list(replay)
+        g = None if grammar is None else LlamaGrammar.from_string(grammar, verbose=False)
+        return self.llm.generate(tokens, reset=True, grammar=g, **sampling)
+
+    def warm_up(self) -> None:
+        """One decode of one token, then forget it (llama.cpp's server does the same after loading)."""
+        bos = self.llm.token_bos()
+        self.llm.eval([bos if bos != -1 else self.llm.token_eos()])
+        self.llm.reset()  # type: ignore[no-untyped-call]
 
     def prefill(self, tokens: Sequence[int]) -> None:
         """Evaluate `tokens` so that a following `generate(tokens)` samples at once (its exact-prefix cache hit)."""

@@ -75,6 +75,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="asyncio debug mode: log every event-loop step that takes longer than MS as engine.slow_callback "
         "(for tests and diagnosis; debug mode slows the loop down)",
     )
+    p.add_argument(
+        "--keep-alive",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="unload the model after this long without requests; the next request loads it again "
+        "(0 = never; default 300, as Ollama)",
+    )
+    p.add_argument(
+        "--load-wait",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long a request may wait on a model load before it gets 503 with Retry-After (default 60)",
+    )
     p.set_defaults(func=run)
 
 
@@ -114,6 +129,9 @@ def initial(args: argparse.Namespace) -> tuple[dict[str, ModelSpec], Settings]:
         raise EngineError(f"--queue {args.queue}: must be >= 0")
     if args.slow_callback_ms is not None and not 0 < args.slow_callback_ms <= 60_000:
         raise EngineError(f"--slow-callback-ms {args.slow_callback_ms}: must be > 0 and at most 60000")
+    for flag, value in (("--keep-alive", args.keep_alive), ("--load-wait", args.load_wait)):
+        if not (0 <= value <= 1e7):  # also refuses nan and inf
+            raise EngineError(f"{flag} {value}: must be between 0 and 10000000 seconds")
     return models, Settings(name, n_ctx, kv, threads, cap)
 
 
@@ -180,11 +198,11 @@ def run(args: argparse.Namespace) -> int:
     gc.collect()
     gc.freeze()
     try:
-        worker = Worker(models, settings)
+        worker = Worker(models, settings, keep_alive_s=args.keep_alive or None)
     except ModelLoadError as exc:
         raise EngineError(str(exc)) from exc
     log.info("engine.loaded", **settings.as_dict(), path=str(models[settings.model].path))
-    engine = EngineApp(worker, queue_max=args.queue)
+    engine = EngineApp(worker, queue_max=args.queue, load_wait_s=args.load_wait)
     sockets = [bind_unix(args.socket, int(args.socket_mode, 8), args.socket_group)]
     inode = os.stat(args.socket).st_ino
     try:

