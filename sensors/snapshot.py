@@ -81,6 +81,7 @@ class EngineObservation(Frozen):
     tokens_per_s: float | None = None
     model: str | None = None
     rss_bytes: int | None = None
+    loaded: bool | None = None  # False: the engine unloaded its model after --keep-alive idle seconds
 
 
 class TraceRecord(Snapshot):

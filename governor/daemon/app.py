@@ -77,6 +77,14 @@ def policy_loader(
     return load
 
 
+def keep_alive(decider: Decider) -> float:
+    """The policy's `engine.keep_alive_s` (for a Decider that is not a policy core: the default)."""
+    from policies import Governor
+    from policies.schema import EngineOptions
+
+    return decider.policy.engine.keep_alive_s if isinstance(decider, Governor) else EngineOptions().keep_alive_s
+
+
 def uevent_handler(sensors: object, wake: threading.Event) -> Callable[[UdevEvent], None]:
     """A charger plugged or a zone crossing a trip: tick now. Called on pyudev's thread, so it only sets flags."""
 
@@ -150,7 +158,12 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
 
     supervisor = EngineSupervisor(
         command=lambda cfg: engine_command(
-            lpath, config.engine_socket, cfg, drain_s=config.drain_timeout_s, group=config.group
+            lpath,
+            config.engine_socket,
+            cfg,
+            drain_s=config.drain_timeout_s,
+            group=config.group,
+            keep_alive_s=keep_alive(decider.inner),  # the policy in force when the engine (re)starts
         ),
         ready=ready,
         configure=client.apply,

@@ -30,10 +30,17 @@ class EngineLink(Protocol):
 
 
 def engine_command(
-    ladder: Path, socket_path: Path, config: EngineConfig, *, drain_s: float = 10.0, group: str | None = None
+    ladder: Path,
+    socket_path: Path,
+    config: EngineConfig,
+    *,
+    drain_s: float = 10.0,
+    group: str | None = None,
+    keep_alive_s: float = 300.0,
 ) -> list[str]:
     """The child's argv: the engine process of the engine issue, with this decision's settings. On SIGTERM it
-    stops accepting and lets the running answer finish for `drain_s`, then stops it at a token boundary."""
+    stops accepting and lets the running answer finish for `drain_s`, then stops it at a token boundary. It
+    unloads its model after `keep_alive_s` without requests (the policy's `engine.keep_alive_s`; 0 = never)."""
     argv = [
         sys.executable,
         "-m",
@@ -54,6 +61,8 @@ def engine_command(
         config.kv_type,
         "--drain-s",
         f"{drain_s:g}",
+        "--keep-alive",
+        f"{keep_alive_s:g}",
         "--socket-mode",
         "0660" if group else "0600",  # the chat socket is as open as the control socket, no more
     ]

@@ -31,6 +31,12 @@ def _ago(wall: float | None, now: float) -> str:
     return f"{when} ({seconds / 3600:.1f} h ago)"
 
 
+def _activity(eng: dict[str, Any]) -> str:
+    if eng.get("busy"):
+        return "generating"
+    return "unloaded (idle)" if eng.get("loaded") is False else "idle"
+
+
 def _fmt(value: Any, unit: str = "", digits: int = 1) -> str:
     if value is None:
         return "-"
@@ -86,7 +92,7 @@ def status_table(status: dict[str, Any], console: Console, now: float | None = N
         rss = eng.get("rss_bytes")
         head.add_row(
             "engine",
-            f"{'generating' if eng.get('busy') else 'idle'}, {_fmt(eng.get('tokens_per_s'), ' tok/s')}, "
+            f"{_activity(eng)}, {_fmt(eng.get('tokens_per_s'), ' tok/s')}, "
             f"RSS {'-' if rss is None else f'{rss / 2**20:.0f} MiB'}, pid {sup.get('pid')}",
         )
     else:

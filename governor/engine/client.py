@@ -71,6 +71,7 @@ class EngineStatus(EngineSettings):
     tokens_per_s: float | None = None
     queue_length: int = 0
     rss_bytes: int | None = None
+    loaded: bool | None = None  # None: an engine from before idle unload
 
 
 class ConfigResult(_Response):
@@ -169,7 +170,9 @@ class EngineClient:
         except EngineError as exc:
             self._log.warning("engine status unavailable", error=str(exc))
             return None
-        return EngineObservation(busy=s.busy, tokens_per_s=s.tokens_per_s, model=s.model, rss_bytes=s.rss_bytes)
+        return EngineObservation(
+            busy=s.busy, tokens_per_s=s.tokens_per_s, model=s.model, rss_bytes=s.rss_bytes, loaded=s.loaded
+        )
 
     def apply(self, config: EngineConfig) -> None:
         """Post the whole decision; the engine applies live what it can and reloads only for model, n_ctx or kv_type."""

@@ -8,12 +8,14 @@ import threading
 from pathlib import Path
 
 from governor.clock import RealClock
-from governor.daemon.app import uevent_handler
-from governor.daemon.engine import SupervisedEngine
+from governor.daemon.app import keep_alive, uevent_handler
+from governor.daemon.engine import SupervisedEngine, engine_command
 from governor.daemon.metrics import DaemonMetrics
 from governor.daemon.supervisor import EngineSupervisor, RestartPolicy
+from policies import Governor, load_policy
 from policies.decision import Decision, EngineConfig, State
 from policies.ladder import ModelLadder, ModelTier
+from policies.schema import EngineOptions
 from sensors.events import UdevEvent
 from sensors.sampler import SensorSampler
 from sensors.snapshot import Battery, EngineObservation, Snapshot, Temperature
@@ -93,3 +95,12 @@ def test_engine_rss_is_read_from_outside_when_the_engine_does_not_say() -> None:
     finally:
         supervisor.stop(5.0)
         engine.close()
+
+
+def test_the_engine_gets_the_policys_keep_alive(tmp_path: Path) -> None:
+    policy = load_policy("default").model_copy(update={"engine": EngineOptions(keep_alive_s=42.0)})
+    assert keep_alive(Governor(policy)) == 42.0
+    cfg = EngineConfig(threads=1, n_ctx=512, kv_type="f16", model="small")
+    argv = engine_command(tmp_path / "l.toml", tmp_path / "e.sock", cfg, keep_alive_s=keep_alive(Governor(policy)))
+    assert argv[argv.index("--keep-alive") + 1] == "42"
+    assert load_policy("default").engine.keep_alive_s == 300.0
