@@ -180,7 +180,6 @@ class Memory(StrictModel):
         return self
 
 
-<<<<<<< HEAD
 class Power(StrictModel):
     """The CPU frequency actuator and the prior of the device model behind the hot state's power allocator."""
 
@@ -191,13 +190,13 @@ class Power(StrictModel):
     core_w: float = Field(default=1.5, gt=0, le=1000)  # prior: one busy core at the top clock
     freq_exponent: float = Field(default=2.5, ge=1, le=4)  # prior: a core's power ∝ f^k (f·V², V rising with f)
     thread_tok_s: float | None = Field(default=None, gt=0, le=1e5)  # prior: decode tokens/s of one thread
-=======
+
+
 class EngineOptions(StrictModel):
     """How the engine process is run (passed on its command line when the daemon starts it)."""
 
     # Idle this long -> the engine unloads its model (the next request loads it again); 0 = never. Ollama: 5 min.
     keep_alive_s: Seconds = Field(default=300.0, le=1e7)
->>>>>>> b2343b1 (policy [engine] keep_alive_s (default 300, 0 = never) passed as governor engine --keep-alive; EngineObservation.loaded; governor status shows an engine that unloaded its model)
 
 
 class Policy(StrictModel):
@@ -209,11 +208,8 @@ class Policy(StrictModel):
     battery: Battery = Battery()
     critical: Critical = Critical()
     memory: Memory = Memory()
-<<<<<<< HEAD
     power: Power = Power()
-=======
     engine: EngineOptions = EngineOptions()
->>>>>>> b2343b1 (policy [engine] keep_alive_s (default 300, 0 = never) passed as governor engine --keep-alive; EngineObservation.loaded; governor status shows an engine that unloaded its model)
     states: dict[Annotated[State, Strict(False)], Profile]  # TOML keys are strings; State validates them
 
     @field_validator("states")

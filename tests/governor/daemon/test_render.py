@@ -128,7 +128,6 @@ def test_text_from_clients_and_sensors_cannot_style_or_drive_the_terminal() -> N
     assert "by [/] [31mroot" in plain
 
 
-<<<<<<< HEAD
 def test_the_clock_cap_and_where_it_cannot_be_written() -> None:
     base = {"state": "hot", "since": NOW - 5, "reason": "hot: ...", "config": CONFIG, "engine": None}
     cluster = {"policy": "policy4", "cpus": "4-7", "writable": True, "cap_khz": 1_608_000, "max_khz": 2_400_000}
@@ -139,11 +138,11 @@ def test_the_clock_cap_and_where_it_cannot_be_written() -> None:
     unwritable = {"writable": False, "reason": "scaling_max_freq is not writable: threads and rate are the actuators"}
     text = shown(base | {"actuators": {"cpufreq": unwritable | {"freq_cap_khz": None, "clusters": []}}})
     assert "not writable: threads and rate are the actuators" in text
-=======
+
+
 def test_an_engine_that_unloaded_its_model_says_so() -> None:
     engine = {"busy": False, "tokens_per_s": 0.0, "rss_bytes": 80 * 2**20, "loaded": False}
     text = shown({"state": "idle", "since": NOW - 400, "reason": "idle", "config": CONFIG, "engine": engine})
     assert "unloaded (idle)" in text
     assert "unloaded" not in shown({"state": "idle", "since": NOW, "reason": "idle", "config": CONFIG,
                                     "engine": {**engine, "loaded": True}})  # fmt: skip
->>>>>>> b2343b1 (policy [engine] keep_alive_s (default 300, 0 = never) passed as governor engine --keep-alive; EngineObservation.loaded; governor status shows an engine that unloaded its model)
