@@ -4,7 +4,8 @@
 
 Prints, as medians of interleaved rounds:
 - time to first token (streamed) of a request that finds the model unloaded (it waits for the load, the warm-up and
-  its prefill) next to the same request on a warm engine, and their ratio; the load time the engine reports;
+  its prefill) next to a request of the same length on a warm engine (another question: no cached prompt to reuse),
+  and their ratio; the load time the engine reports;
 - the engine's RSS loaded, after an idle unload, and of a bare engine process (its imports and llama.cpp's backend,
   no model): unloaded ÷ bare (goal <= 1.1);
 - decode rate with a json_schema grammar ÷ without (the grammar sampler runs over the whole vocabulary per token).
@@ -30,6 +31,12 @@ from tests.governor.engine.test_idle import BARE_ENGINE  # noqa: E402
 from tests.helpers import eventually  # noqa: E402
 
 ASK = [{"role": "user", "content": "Tell me about the sea in three sentences."}]
+TOPICS = ["the sea", "mountains", "a city at night", "winter", "a small boat", "the desert", "a library", "rain"]
+
+
+def ask(i: int) -> list[dict[str, str]]:
+    """A different question each call: no request reuses the cached prompt of the one before (beyond the template)."""
+    return [{"role": "user", "content": f"Tell me about {TOPICS[i % len(TOPICS)]} in three sentences ({i})."}]
 SCHEMA = {
     "type": "object",
     "properties": {"story": {"type": "string", "maxLength": 400}},
@@ -61,7 +68,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     model = real_model()
-    body: dict[str, Any] = {"messages": ASK, "max_tokens": 8, "temperature": 0.0}
+    body: dict[str, Any] = {"max_tokens": 8, "temperature": 0.0}
     with tempfile.TemporaryDirectory() as tmp:
         engine = Engine(Path(tmp), "--model", str(model), "--threads", "1", "--keep-alive", "2")
         try:
@@ -70,13 +77,13 @@ def main() -> int:
             loads: list[float] = []
             rss_loaded: list[int] = []
             rss_unloaded: list[int] = []
-            for _ in range(args.rounds):
+            for i in range(args.rounds):
                 eventually(lambda: engine.status()["loaded"] is False, timeout_s=60)
                 rss_unloaded.append(engine.status()["rss_bytes"])
-                seconds, load_s = ttft(engine, body)
+                seconds, load_s = ttft(engine, {**body, "messages": ask(2 * i)})
                 cold.append(seconds)
                 loads.append(load_s)
-                warm.append(ttft(engine, body)[0])
+                warm.append(ttft(engine, {**body, "messages": ask(2 * i + 1)})[0])
                 rss_loaded.append(engine.status()["rss_bytes"])
             plain = {"messages": ASK, "max_tokens": 48, "temperature": 0.0, "ignore_eos": True}
             fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}}
