@@ -37,6 +37,8 @@ TOPICS = ["the sea", "mountains", "a city at night", "winter", "a small boat", "
 def ask(i: int) -> list[dict[str, str]]:
     """A different question each call: no request reuses the cached prompt of the one before (beyond the template)."""
     return [{"role": "user", "content": f"Tell me about {TOPICS[i % len(TOPICS)]} in three sentences ({i})."}]
+
+
 SCHEMA = {
     "type": "object",
     "properties": {"story": {"type": "string", "maxLength": 400}},
