@@ -7,14 +7,17 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from governor.clock import RealClock
-from governor.daemon.app import keep_alive, uevent_handler
+from governor.daemon.app import keep_alive, policy_loader, uevent_handler
 from governor.daemon.engine import SupervisedEngine, engine_command
 from governor.daemon.metrics import DaemonMetrics
 from governor.daemon.supervisor import EngineSupervisor, RestartPolicy
+from governor.errors import GovernorError
 from policies import Governor, load_policy
 from policies.decision import Decision, EngineConfig, State
-from policies.ladder import ModelLadder, ModelTier
+from policies.ladder import ModelLadder, ModelTier, load_ladder
 from policies.schema import EngineOptions
 from sensors.events import UdevEvent
 from sensors.sampler import SensorSampler
@@ -104,3 +107,19 @@ def test_the_engine_gets_the_policys_keep_alive(tmp_path: Path) -> None:
     argv = engine_command(tmp_path / "l.toml", tmp_path / "e.sock", cfg, keep_alive_s=keep_alive(Governor(policy)))
     assert argv[argv.index("--keep-alive") + 1] == "42"
     assert load_policy("default").engine.keep_alive_s == 300.0
+
+
+def test_a_bench_device_file_is_the_device_models_prior_and_a_bad_one_is_refused(
+    tmp_path: Path, demo_ladder: Path
+) -> None:
+    device = tmp_path / "device.toml"
+    device.write_text("[power]\nidle_w = 3.0\ncore_w = 0.9\nthread_tok_s = 7.5\n")
+    load = policy_loader(load_ladder(demo_ladder), demo_ladder, (0.5, 0.75, 1.0), device)
+    governor = load("default")
+    assert isinstance(governor, Governor)
+    assert governor.power.enabled
+    assert governor.power.model.a == 7.5
+    assert governor.power.model.idle_w == 3.0
+    device.write_text("[power]\nthread_tok_s = 0\n")  # read again at every (re)load: a reload would keep the last good
+    with pytest.raises(GovernorError, match=r"device\.toml: power\.thread_tok_s"):
+        load("default")
