@@ -15,15 +15,14 @@ import time
 from collections import deque
 from typing import Any
 
-import jinja2
 import structlog
 
-from governor.engine.chat import CompletionRequest, PromptTooLong, TextStream, fit, room_for_answer
+from governor.engine.chat import room_for_answer
 from governor.engine.config import ConfigRefused, ModelSpec, Settings, resolve
 from governor.engine.jobs import ConfigJob, Counters, Job, Run, usage
 from governor.engine.model import LoadedModel, ModelLoadError
+from governor.engine.prompts import prepare, refit
 from governor.engine.slot import Slot
-from governor.engine.tools import conversation
 
 log = structlog.get_logger("governor.engine")
 
@@ -188,34 +187,10 @@ class Worker:
         for cj in pending:
             cj.fail(ConfigRefused("the engine is shutting down", param=None, code="engine_stopping", status=503))
 
-    def _prepare(self, job: Job) -> Run | tuple[Any, ...]:
-        """The answer's prompt in the current context, or the 400 that says why there is none."""
-        req, m = job.request, self.model
-        if job.constraint.grammar is not None:
-            why = m.grammar_error(job.constraint.grammar)
-            if why is not None:
-                return ("error", 400, f"the requested output format: {why}", "invalid_grammar")
-        if isinstance(req, CompletionRequest):
-            tokens = m.encode_plain(req.text())
-            if len(tokens) >= m.n_ctx:
-                return ("error", 400, str(PromptTooLong(len(tokens), m.n_ctx)), "context_length_exceeded")
-            return Run(job, None, req.text(), tokens, len(tokens), TextStream(req.stops()))
-        messages = conversation(req, job.constraint.tools)
-        try:
-            fitted = fit(m, messages, m.n_ctx, answer_room=room_for_answer(m.n_ctx, req.token_limit()))
-        except PromptTooLong as exc:
-            return ("error", 400, str(exc), "context_length_exceeded")
-        except (ValueError, jinja2.TemplateError) as exc:  # the template's raise_exception(), e.g. role order
-            return ("error", 400, f"the model's chat template refused the messages: {exc}", "invalid_messages")
-        stops = req.stops() + ([m.template_stop] if m.template_stop else [])
-        run = Run(job, messages, None, list(fitted.tokens), len(fitted.tokens), TextStream(stops))
-        run.trimmed = fitted.trimmed_messages
-        return run
-
     def _generate(self, job: Job) -> tuple[Any, ...]:
         """Runs one answer, sending its events; returns the last one ("end" or "error") for the caller to send."""
         req, m = job.request, self.model
-        run = self._prepare(job)
+        run = prepare(self.model, job)
         if not isinstance(run, Run):
             self.counters.generations_failed += 1
             return run
@@ -395,28 +370,13 @@ class Worker:
         limit = req.token_limit()
         room = room_for_answer(m.n_ctx, None if limit is None else max(limit - run.n_completion, 1))
         if run.model_name != m.spec.name or len(run.ctx_tokens) + room > m.n_ctx:
-            so_far = run.answer.decode(errors="ignore")
-            if run.messages is None:  # a plain completion: no turns to trim
-                assert run.prompt is not None
-                prompt = m.encode_plain(run.prompt)
-                answer = m.encode(so_far, prompt=False) if so_far else []
-                if len(prompt) + len(answer) >= m.n_ctx:
-                    run.finish = "length"
-                    return
-                run.ctx_tokens, run.answer_from = prompt + answer, len(prompt)
-            else:
-                try:
-                    fitted = fit(m, run.messages, m.n_ctx, answer_room=room, answer_so_far=so_far)
-                except PromptTooLong:
-                    run.finish = "length"  # not even the last message and the answer so far fit: end the answer
-                    return
-                run.ctx_tokens = list(fitted.tokens)
-                run.answer_from = len(fitted.tokens) - fitted.answer_tokens
-                if fitted.trimmed_messages > run.trimmed:
-                    delta, run.trimmed = fitted.trimmed_messages - run.trimmed, fitted.trimmed_messages
-                    self._log_trim(run, "reconfig", delta)
-                    run.job.sink(("trim", run.trimmed))
-            run.text.reset_decoder()
+            trimmed = run.trimmed
+            if not refit(m, run, room):
+                run.finish = "length"  # not even the last message and the answer so far fit: end the answer there
+                return
+            if run.trimmed > trimmed:
+                self._log_trim(run, "reconfig", run.trimmed - trimmed)
+                run.job.sink(("trim", run.trimmed))
         if run.model_name != m.spec.name:
             run.model_name = m.spec.name
             run.job.sink(("model", m.spec.name))
