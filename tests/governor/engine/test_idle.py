@@ -7,6 +7,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -71,6 +72,29 @@ def test_next_request_reloads_and_is_served(engine: Engine) -> None:
     assert status["loaded"] is True
     assert status["loads_total"] == loads + 1
     assert engine.log_events("engine.model_loaded")[-1]["why"] == "idle"
+
+
+def test_status_shows_the_load_under_way(engine: Engine) -> None:
+    """A client that arrives during a load can see it in /engine/status (llama.cpp's progress callback)."""
+    eventually(lambda: _unloaded(engine), timeout_s=30)
+    loading: list[dict[str, Any]] = []
+    thread = threading.Thread(target=lambda: engine.chat(messages=user("wake up"), max_tokens=2), daemon=True)
+    thread.start()
+
+    def seen() -> bool:
+        now = engine.status()["loading"]
+        if now is not None:
+            loading.append(now)
+        return bool(loading) or (engine.status()["loaded"] and not thread.is_alive())
+
+    eventually(seen, timeout_s=60, interval_s=0.005)
+    thread.join(60)
+    assert loading, "the load finished between two polls 5 ms apart"
+    assert (loading[0]["model"], loading[0]["why"]) == ("large", "idle")
+    assert all(0.0 <= entry["progress"] <= 1.0 for entry in loading)
+    assert all(entry["elapsed_s"] >= 0 for entry in loading)
+    eventually(lambda: engine.status()["loaded"])
+    assert engine.status()["loading"] is None
 
 
 def test_config_while_unloaded_is_kept_for_the_next_load(engine: Engine) -> None:
