@@ -1,4 +1,4 @@
-"""Unix-socket paths shared by the engine's chat socket and the daemon's control socket."""
+"""Unix-socket paths shared by the engine's chat socket, the daemon's public chat socket and its control socket."""
 
 from __future__ import annotations
 
@@ -60,3 +60,23 @@ def clear_stale_socket(
         except OSError as exc:
             raise error(f"cannot check the existing socket: {exc.strerror}") from exc
     raise error(in_use)
+
+
+def bind_unix(path: Path, mode: int, error: Callable[[str], GovernorError], *, gid: int = -1) -> socket.socket:
+    """A bound (not yet listening) stream socket at `path`, with the final mode from the first instant (umask),
+    then set explicitly, and group `gid` (-1: ours). A leftover socket file is removed only when nothing answers
+    on it."""
+    clear_stale_socket(path, error)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o777 & ~mode)
+    try:
+        sock.bind(str(path))
+    except OSError as exc:
+        sock.close()
+        raise error(f"cannot bind: {exc.strerror}") from exc
+    finally:
+        os.umask(old)
+    if gid != -1:
+        os.chown(path, -1, gid)
+    os.chmod(path, mode)
+    return sock

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from governor.engine import refusals
+from governor.engine import fault, refusals
 from governor.engine.chat import ChatRequest, CompletionRequest
 from governor.engine.config import Applied, ConfigChange, ConfigRefused, Settings, resolve
 from governor.engine.grammar import Constraint, SchemaRefused, constraint, pointer_to_param
@@ -221,6 +221,7 @@ class EngineApp:
                 code="queue_full",
                 headers={"Retry-After": str(retry)},
             )
+        fault.maybe_crash("decode", self.worker.settings.model)
         events = Events(asyncio.get_running_loop(), eager=req.stream)
         job = Job(req, events, wanted)
         self.worker.submit(job)

@@ -21,7 +21,8 @@ import structlog
 import uvicorn
 from starlette.applications import Starlette
 
-from governor import logs
+from governor import logs, unixsock
+from governor.engine import fault
 from governor.engine.config import (
     KV_TYPES,
     ConfigRefused,
@@ -33,7 +34,6 @@ from governor.engine.config import (
     single_model,
 )
 from governor.errors import GovernorError
-from governor.unixsock import clear_stale_socket
 from policies.decision import RATE_MAX, RATE_MIN
 
 if TYPE_CHECKING:
@@ -136,28 +136,12 @@ def initial(args: argparse.Namespace) -> tuple[dict[str, ModelSpec], Settings]:
 
 
 def bind_unix(path: Path, mode: int, group: str | None = None) -> socket.socket:
-    """Bind with the final mode from the first instant (umask), then set it explicitly (and its group).
-
-    A leftover socket file is removed only when nothing answers on it; any other file is left alone.
-    """
+    """Bound with its final mode (and group) from the first instant; a leftover socket nobody answers on is replaced."""
     try:
         gid = grp.getgrnam(group).gr_gid if group else -1
     except KeyError:
         raise EngineError(f"--socket-group {group!r}: no such group") from None
-    clear_stale_socket(path, lambda reason: EngineError(f"--socket {path}: {reason}"))
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o777 & ~mode)
-    try:
-        sock.bind(str(path))
-    except OSError as exc:
-        sock.close()
-        raise EngineError(f"--socket {path}: cannot bind: {exc.strerror}") from exc
-    finally:
-        os.umask(old)
-    if gid != -1:
-        os.chown(path, -1, gid)
-    os.chmod(path, mode)
-    return sock
+    return unixsock.bind_unix(path, mode, lambda reason: EngineError(f"--socket {path}: {reason}"), gid=gid)
 
 
 def bind_tcp(port: int) -> socket.socket:
@@ -202,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
     except ModelLoadError as exc:
         raise EngineError(str(exc)) from exc
     log.info("engine.loaded", **settings.as_dict(), path=str(models[settings.model].path))
+    fault.maybe_crash("load", settings.model)
     engine = EngineApp(worker, queue_max=args.queue, load_wait_s=args.load_wait)
     sockets = [bind_unix(args.socket, int(args.socket_mode, 8), args.socket_group)]
     inode = os.stat(args.socket).st_ino
