@@ -73,7 +73,7 @@ def per_tick(root: Path, ladder_path: Path, ticks: int) -> dict[str, float]:
     footprints = load_footprints(ladder)
     policy = Governor(load_policy("default"), ladder=ladder, footprints=footprints)
     supervisor = EngineSupervisor(
-        command=lambda _cfg: [],
+        command=lambda _cfg, _eb: [],
         ready=lambda _t: True,
         configure=lambda _cfg: None,
         ladder=ladder,

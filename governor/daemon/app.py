@@ -7,6 +7,7 @@ sd_notify, metrics and the recorder feed. Time is injected: the lab runs the sam
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 import subprocess
@@ -120,15 +121,16 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
 
     sensors = make_sampler(config.root, environ=env)
     state = DaemonState()
-    client = EngineClient(config.engine_socket, timeout_s=2.0)  # a hung engine must not stall the loop for long
-    prober = EngineClient(config.engine_socket, timeout_s=config.restart.probe_timeout_s)
+    client = EngineClient(config.engine_child_socket, timeout_s=2.0)  # the daemon's own link skips the proxy;
+    # a hung engine must not stall the loop for long
+    prober = EngineClient(config.engine_child_socket, timeout_s=config.restart.probe_timeout_s)
     log = structlog.get_logger("governor.daemon")
 
     def ours(pid: object) -> bool:
         """The engine answering is our child: another daemon's engine on the same socket is never taken over."""
         if pid == supervisor.pid:
             return True
-        log.error("another engine answers on our socket; not using it", socket=str(config.engine_socket), pid=pid)
+        log.error("another engine answers on our socket; not using it", socket=str(config.engine_child_socket), pid=pid)
         return False
 
     def ready(timeout_s: float) -> bool:
@@ -157,13 +159,13 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
     holds = HoldRegistry(on_change=wake)
 
     supervisor = EngineSupervisor(
-        command=lambda cfg: engine_command(
+        command=lambda cfg, extra_buffers: engine_command(
             lpath,
-            config.engine_socket,
+            config.engine_child_socket,
             cfg,
             drain_s=config.drain_timeout_s,
-            group=config.group,
             keep_alive_s=keep_alive(decider.inner),  # the policy in force when the engine (re)starts
+            extra_buffers=extra_buffers,
         ),
         ready=ready,
         configure=client.apply,
@@ -189,6 +191,16 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
             "holds": float(len(holds.all())),
         },
     )
+    from governor.daemon.proxy import ProxyServer  # uvicorn and h11 load here, once the config is known good
+
+    proxy = ProxyServer(
+        config.engine_socket,
+        config.engine_child_socket,
+        supervisor,
+        hold_s=config.request_hold_s,
+        drain_s=math.ceil(config.drain_timeout_s + config.stop_timeout_s),
+        group=config.group,
+    )
     closeables: tuple[Closeable, ...] = (client, prober, sensors, freq)  # freq: restores the CPU limits it found
     return Daemon(
         config=config,
@@ -198,6 +210,7 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
         load_decider=load_decider,
         supervisor=supervisor,
         engine=engine,
+        proxy=proxy,
         holds=holds,
         state=state,
         metrics=metrics,

@@ -5,7 +5,7 @@
     models = "/var/lib/governor/models/ladder.toml"   # absent: the demo ladder, written on first run
     device_model = "/var/lib/governor/device.toml"    # optional: `governor bench-device` output, the model's prior
     control_socket = "/run/governor/control.sock"
-    engine_socket = "/run/governor/engine.sock"
+    engine_socket = "/run/governor/engine.sock"   # the public chat socket (the engine child's is engine-child.sock)
     state_dir = "/var/lib/governor"
     group = "governor"                 # absent: sockets are 0600 (owner only); set: 0660 for this group
     metrics_textfile = "/var/lib/node_exporter/textfile/governor.prom"
@@ -58,7 +58,15 @@ class DaemonConfig(BaseModel):
     udev: bool = True  # watch power_supply/thermal uevents (says so once and polls when udev is unavailable)
     drain_timeout_s: float = Field(default=10.0, ge=0, le=3600)  # at shutdown, how long a running answer may finish
     stop_timeout_s: float = Field(default=10.0, gt=0, le=3600)  # beyond the drain, before the engine is killed
+    request_hold_s: float = Field(default=10.0, ge=0, le=600)  # a request waits this long for a (re)starting engine
     restart: RestartPolicy = RestartPolicy()
+
+    @property
+    def engine_child_socket(self) -> Path:
+        """The engine child's private socket, beside the public one the daemon holds (engine.sock ->
+        engine-child.sock)."""
+        public = self.engine_socket
+        return public.with_name(f"{public.stem}-child{public.suffix}")
 
 
 def default_dirs(env: Mapping[str, str] | None = None, euid: int | None = None) -> tuple[Path, Path]:

@@ -35,12 +35,14 @@ def engine_command(
     config: EngineConfig,
     *,
     drain_s: float = 10.0,
-    group: str | None = None,
     keep_alive_s: float = 300.0,
+    extra_buffers: str | None = None,
 ) -> list[str]:
-    """The child's argv: the engine process of the engine issue, with this decision's settings. On SIGTERM it
-    stops accepting and lets the running answer finish for `drain_s`, then stops it at a token boundary. It
-    unloads its model after `keep_alive_s` without requests (the policy's `engine.keep_alive_s`; 0 = never)."""
+    """The child's argv: the engine process of the engine issue, with this decision's settings, serving on the
+    daemon's private socket (0600: only the daemon's proxy and client talk to it). On SIGTERM it stops accepting
+    and lets the running answer finish for `drain_s`, then stops it at a token boundary. It unloads its model after
+    `keep_alive_s` without requests (the policy's `engine.keep_alive_s`; 0 = never). `extra_buffers` ("off" after a
+    crash) overrides the engine's own choice of llama.cpp extra buffer types."""
     argv = [
         sys.executable,
         "-m",
@@ -63,10 +65,8 @@ def engine_command(
         f"{drain_s:g}",
         "--keep-alive",
         f"{keep_alive_s:g}",
-        "--socket-mode",
-        "0660" if group else "0600",  # the chat socket is as open as the control socket, no more
     ]
-    return [*argv, "--socket-group", group] if group else argv
+    return argv if extra_buffers is None else [*argv, "--extra-buffers", extra_buffers]
 
 
 class SupervisedEngine:

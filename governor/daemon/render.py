@@ -64,6 +64,18 @@ def _clock(freq: dict[str, Any]) -> str:
     return f"[dim]{safe(freq.get('reason'))}[/]"
 
 
+def _supervisor_says(sup: dict[str, Any]) -> str | None:
+    """Given up, a crash story (while it restarts on safer settings), or a memory cap."""
+    if sup.get("critical"):
+        return f"[red]given up: {safe(sup['critical'])}[/] (governor reload tries again)"
+    if sup.get("crashes"):
+        return f"[yellow]{safe(sup['crashes'])}[/]"
+    if sup.get("cap"):
+        cap_ = sup["cap"]
+        return safe(f"capped at {cap_['model']}/n_ctx {cap_['n_ctx']}: {cap_['reason']}")
+    return None
+
+
 def status_table(status: dict[str, Any], console: Console, now: float | None = None) -> None:
     now = time.time() if now is None else now
     head = Table.grid(padding=(0, 2))
@@ -96,13 +108,16 @@ def status_table(status: dict[str, Any], console: Console, now: float | None = N
             f"RSS {'-' if rss is None else f'{rss / 2**20:.0f} MiB'}, pid {sup.get('pid')}",
         )
     else:
-        last = sup.get("last_exit")
-        head.add_row("engine", "[yellow]not answering[/]" + (f" ({safe(last)})" if last else ""))
-    if sup.get("critical"):
-        head.add_row("supervisor", f"[red]{safe(sup['critical'])}[/]")
-    elif sup.get("cap"):
-        cap_ = sup["cap"]
-        head.add_row("supervisor", safe(f"capped at {cap_['model']}/n_ctx {cap_['n_ctx']}: {cap_['reason']}"))
+        retry = sup.get("retry_in_s")
+        head.add_row(
+            "engine",
+            "[yellow]not answering[/]"
+            + (f" ({safe(sup['last_exit'])})" if sup.get("last_exit") else "")
+            + ("" if retry is None else f"; restarting in {retry:.0f} s"),
+        )
+    said = _supervisor_says(sup)
+    if said:
+        head.add_row("supervisor", said)
     for hold in status.get("holds") or []:
         asks = ", ".join(
             f"{k} {hold[k]}" for k in ("state", "max_threads", "max_tokens_per_s") if hold.get(k) is not None

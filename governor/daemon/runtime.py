@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, TimeoutError
 from dataclasses import asdict
 from types import FrameType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -32,6 +32,9 @@ from governor.errors import GovernorError
 from governor.loop import Decider, GovernorLoop
 from policies.decision import Decision, Hold
 from sensors.snapshot import EngineObservation, Snapshot, TraceRecord
+
+if TYPE_CHECKING:
+    from governor.daemon.proxy import ProxyServer  # built (and uvicorn imported) by app.build
 
 RELOAD_WAIT_S = 30.0
 ERROR_PAUSE_S = 1.0  # after a tick that failed unexpectedly, the next try comes this much later
@@ -58,6 +61,7 @@ class Daemon:
         load_decider: Callable[[str], Decider],
         supervisor: EngineSupervisor,
         engine: SupervisedEngine,
+        proxy: ProxyServer,
         holds: HoldRegistry,
         state: DaemonState,
         metrics: DaemonMetrics,
@@ -68,7 +72,7 @@ class Daemon:
     ) -> None:
         self.config, self.clock, self.loop = config, clock, loop
         self.decider, self._load_decider = decider, load_decider
-        self.supervisor, self.engine = supervisor, engine
+        self.supervisor, self.engine, self.proxy = supervisor, engine, proxy
         self.holds, self.state, self.prom, self.notifier = holds, state, metrics, notifier
         self.events = events
         self._closeables = closeables
@@ -94,6 +98,7 @@ class Daemon:
         self._install_signals()
         try:
             self.control.start()
+            self.proxy.start()
             if self.events is not None:
                 self.events.start()
             self._log.info("governor running", control_socket=str(self.config.control_socket), policy=self.policy_name)
@@ -131,6 +136,7 @@ class Daemon:
         self.notifier.stopping("stopping: draining the running answer")
         log.info("stopping", phase="stop accepting")
         self.control.stop_accepting()
+        self.proxy.stop_accepting()
         if self.events is not None:
             self.events.stop()
         # The engine drains itself on SIGTERM: it stops accepting, lets the running answer finish for
@@ -139,6 +145,7 @@ class Daemon:
         log.info("stopping", phase="drain and stop the engine", drain_s=cfg.drain_timeout_s)
         self.supervisor.stop(cfg.drain_timeout_s + cfg.stop_timeout_s)
         self.engine.close()
+        self.proxy.close(cfg.stop_timeout_s)  # the running answers have ended with the engine (or got an error event)
         log.info("stopping", phase="restore")
         self.control.close()
         self.state.close_recorders()
@@ -223,8 +230,11 @@ class Daemon:
             pid=os.getpid(),
             policy={"name": self.policy_name, "error": self.policy_error},
             errors={"loop": self.loop_errors, "last": self.last_error, "control": self.control.errors},
-            supervisor={k: v for k, v in asdict(sup).items() if k != "cap"}
-            | {"cap": sup.cap.model_dump() if sup.cap else None},
+            supervisor={k: v for k, v in asdict(sup).items() if k not in ("cap", "retry_at")}
+            | {
+                "cap": sup.cap.model_dump() if sup.cap else None,
+                "retry_in_s": None if sup.retry_at is None else round(max(0.0, sup.retry_at - now), 1),
+            },
             holds=[
                 {
                     "id": cookie,

@@ -1,13 +1,18 @@
-"""The engine child: started from the first decision, restarted with back-off, stepped down after a memory kill.
+"""The engine child: started from the first decision, restarted with back-off, stepped down after a memory kill or
+a crash loop, given up (and said why) when nothing works.
 
-Supervision feeds the decision through `SupervisedDecider`, a wrapper around the policy core: after a memory kill
-it caps the model tier / context one step below what died (until a reload), and after repeated failures it turns
-the decision into `critical` with the reason. The policy itself stays pure and unaware of processes.
+A crash (a crash signal or a non-zero exit) during load or in the first decode is retried on a safer setting each
+time: first the engine's extra buffer types off (llama.cpp's AMX/repack paths, the usual native crash), then one
+step down the ladder, and so on until `max_failures`. `governor.daemon.crashes` words it.
+
+Supervision feeds the decision through `SupervisedDecider`, a wrapper around the policy core: after a memory kill or
+a crash it caps the model tier / context one step below what died (until a reload), and after repeated failures it
+turns the decision into `critical` with the reason. The policy itself stays pure and unaware of processes.
 """
 
 from __future__ import annotations
 
-import re
+import math
 import signal
 import subprocess
 import threading
@@ -18,6 +23,17 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from governor.clock import Clock
+from governor.daemon.crashes import (
+    Crash,
+    Phase,
+    StderrTail,
+    exit_name,
+    explain,
+    is_crash,
+    memory_kill_evidence,
+    phase_of,
+    read_kernel_log,
+)
 from governor.errors import GovernorError
 from governor.loop import Decider
 from policies.decision import Decision, EngineConfig, Hold, State
@@ -25,6 +41,7 @@ from policies.ladder import ModelLadder
 from sensors.snapshot import EngineObservation, Snapshot
 
 MIN_CTX = 256
+LOAD_GUESS_S = 5.0  # until an engine has come up once, how long a start is expected to take (for Retry-After)
 
 
 class RestartPolicy(BaseModel):
@@ -68,6 +85,21 @@ class SupervisionStatus:
     critical: str | None = None
     cap: Cap | None = None
     history: list[str] = field(default_factory=list)
+    crashes: str | None = None  # the crash story so far (explain()), until a reload or a stable run
+    tried: list[str] = field(default_factory=list)  # safer settings taken after crashes, in order
+    extra_buffers: str | None = None  # "off" once a crash asked for it; None: the engine's own choice
+    retry_at: float | None = None  # clock time of the next start while backing off
+    stderr: str | None = None  # the last engine's last stderr line
+
+
+@dataclass(frozen=True)
+class Availability:
+    """What the public chat socket tells a client now: serve, wait, or 503 with this reason."""
+
+    ready: bool
+    given_up: bool  # given up, or the daemon is stopping: no point holding the request
+    reason: str
+    retry_after_s: int
 
 
 def step_down(ladder: ModelLadder, config: EngineConfig) -> tuple[str, int] | None:
@@ -80,48 +112,11 @@ def step_down(ladder: ModelLadder, config: EngineConfig) -> tuple[str, int] | No
     return None
 
 
-def read_kernel_log() -> str | None:
-    """`dmesg`, when this user may read it (root outside the hardened unit; ProtectKernelLogs= forbids it there)."""
-    try:
-        done = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=2.0, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
-
-
-def memory_kill_evidence(
-    returncode: int,
-    pid: int,
-    snapshot: Snapshot | None,
-    psi_threshold: float,
-    kernel_log: Callable[[], str | None] = read_kernel_log,
-) -> str | None:
-    """Why we believe a SIGKILL came from memory: PSI memory pressure at the time (readable everywhere), else the
-    kernel OOM killer's own record of this pid, when the kernel log is readable."""
-    if returncode != -signal.SIGKILL:
-        return None
-    some = snapshot.memory.psi_some_avg10 if snapshot is not None else None
-    if some is not None and some >= psi_threshold:
-        full = snapshot.memory.psi_full_avg10 if snapshot is not None else None
-        return f"SIGKILL while memory pressure was high (PSI some {some:.0f}%, full {full or 0:.0f}%)"
-    log = kernel_log()
-    if log and re.search(rf"(Killed process {pid}\b|oom-kill:.*\bpid={pid}\b)", log):
-        return "killed by the kernel's OOM killer (kernel log)"
-    return None
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
 class EngineSupervisor:
     def __init__(
         self,
         *,
-        command: Callable[[EngineConfig], Sequence[str]],
+        command: Callable[[EngineConfig, str | None], Sequence[str]],
         ready: Callable[[float], bool],
         configure: Callable[[EngineConfig], None],
         ladder: ModelLadder,
@@ -132,8 +127,9 @@ class EngineSupervisor:
         kernel_log: Callable[[], str | None] = read_kernel_log,
         probe: Callable[[float], bool] = lambda _timeout_s: True,
     ) -> None:
-        """`command(config)` is the child's argv; `ready(timeout_s)` waits for its socket; `configure` applies a
-        config to a running child (the engine client); `probe(timeout_s)` asks a running child whether it answers."""
+        """`command(config, extra_buffers)` is the child's argv (`extra_buffers` "off" after a crash asked for the
+        safer setting, else None); `ready(timeout_s)` waits for its socket; `configure` applies a config to a
+        running child (the engine client); `probe(timeout_s)` asks a running child whether it answers."""
         self._command, self._ready, self._configure, self._probe = command, ready, configure, probe
         self.ladder, self.restart, self.clock = ladder, restart, clock
         self._latest_snapshot, self._on_change, self._kernel_log = latest_snapshot, on_change, kernel_log
@@ -144,6 +140,10 @@ class EngineSupervisor:
         self._thread: threading.Thread | None = None
         self.desired: EngineConfig | None = None
         self.status = SupervisionStatus()
+        self._crashes: list[Crash] = []
+        self._requests = self._answered = 0  # chat requests the public socket sent to this engine / it answered
+        self._exits: dict[int, str] = {}  # start number -> how that engine ended (for the proxy's error)
+        self._load_s = LOAD_GUESS_S
         self._log = structlog.get_logger("governor.supervisor")
 
     # -- called by the loop (through SupervisedEngine) ------------------------------------------------------------
@@ -162,9 +162,11 @@ class EngineSupervisor:
         self._stop.set()
 
     def reset(self) -> None:
-        """A reload forgets past failures and memory caps and retries a given-up engine."""
+        """A reload forgets past failures, caps and safer settings and retries a given-up engine."""
         with self._lock:
-            self.status.failures, self.status.critical, self.status.cap = 0, None, None
+            st = self.status
+            st.failures, st.critical, st.cap, st.crashes, st.tried, st.extra_buffers = 0, None, None, None, [], None
+            self._crashes = []
         self._retry.set()
 
     # -- the supervising thread -----------------------------------------------------------------------------------
@@ -185,27 +187,44 @@ class EngineSupervisor:
         if config is None:
             return False
         config = self.capped(config)
-        argv = list(self._command(config))
+        argv = list(self._command(config, self.status.extra_buffers))
         started = self.clock.now()
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+            # stderr through a pipe: copied to ours line by line, its last line kept for the crash story
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
         except OSError as exc:  # e.g. EMFILE (out of file descriptors) or EAGAIN: a failed start, retried
             self._log.error("engine could not start", error=str(exc))
-            self._after_exit(None, 0, 0.0, config, how=f"could not start ({exc.strerror or exc})")
+            self._after_exit(
+                None, 0, 0.0, config, how=f"could not start ({exc.strerror or exc})", phase=Phase.LOAD, stderr=None
+            )
             return True
+        assert proc.stderr is not None
+        tail = StderrTail(proc.stderr)
         with self._lock:
             self._proc = proc
-            self.status.running, self.status.ready, self.status.pid = True, False, proc.pid
-            self.status.starts += 1
-        self._log.info("engine started", pid=proc.pid, model=config.model, threads=config.threads)
-        if self._wait_ready(proc):
+            st = self.status
+            st.running, st.ready, st.pid, st.retry_at = True, False, proc.pid, None
+            st.starts += 1
+            self._requests = self._answered = 0
+        self._log.info(
+            "engine started",
+            pid=proc.pid,
+            model=config.model,
+            threads=config.threads,
+            extra_buffers=self.status.extra_buffers,
+        )
+        was_ready = self._wait_ready(proc)
+        if was_ready:
+            self._load_s = max(0.5, self.clock.now() - started)
             self._on_change()
         returncode, hung = self._watch(proc)
         with self._lock:
             self.status.running, self.status.ready, self.status.pid = False, False, None
+            phase = phase_of(was_ready=was_ready, requests=self._requests, answered=self._answered)
         if self._stop.is_set():
             return False
-        self._after_exit(returncode, proc.pid, self.clock.now() - started, config, how=hung)
+        lived_s = self.clock.now() - started
+        self._after_exit(returncode, proc.pid, lived_s, config, how=hung, phase=phase, stderr=tail.last())
         return True
 
     def _watch(self, proc: subprocess.Popen[bytes]) -> tuple[int, str | None]:
@@ -257,10 +276,19 @@ class EngineSupervisor:
         return False
 
     def _after_exit(
-        self, returncode: int | None, pid: int, lived_s: float, config: EngineConfig, how: str | None = None
+        self,
+        returncode: int | None,
+        pid: int,
+        lived_s: float,
+        config: EngineConfig,
+        *,
+        how: str | None,
+        phase: Phase,
+        stderr: str | None,
     ) -> None:
+        """`returncode` None: it could not even start (`how` says why); `how` also says "hung ..., killed"."""
         if how is None and returncode is not None:
-            how = f"killed by {_signal_name(-returncode)}" if returncode < 0 else f"exited with status {returncode}"
+            how = f"killed by {exit_name(returncode)}" if returncode < 0 else f"exited with status {returncode}"
         evidence = (
             None
             if returncode is None
@@ -268,10 +296,15 @@ class EngineSupervisor:
                 returncode, pid, self._latest_snapshot(), self.restart.oom_psi_some_avg10, self._kernel_log
             )
         )
+        quick = lived_s < self.restart.stable_s
         with self._lock:
             st = self.status
-            st.failures = st.failures + 1 if lived_s < self.restart.stable_s else 1
+            st.failures = st.failures + 1 if quick else 1
+            give_up = st.failures >= self.restart.max_failures
+            st.stderr = stderr
             st.last_exit = f"engine {how} after {lived_s:.1f} s"
+            if phase is not Phase.IDLE:
+                st.last_exit += f", {phase}"
             if evidence is not None:
                 smaller = step_down(self.ladder, config)
                 if smaller is not None:
@@ -279,21 +312,98 @@ class EngineSupervisor:
                         model=smaller[0], n_ctx=smaller[1], reason=f"{evidence}: {config.model}/{config.n_ctx}"
                     )
                     st.last_exit += f"; {evidence}; restarting one step smaller ({smaller[0]}, n_ctx {smaller[1]})"
+            elif returncode is not None and is_crash(returncode):
+                if not quick:
+                    self._crashes = []  # after a stable run, a crash starts a new story
+                self._crashes.append(
+                    Crash(t=self.clock.now(), how=exit_name(returncode), phase=phase, tier=config.model)
+                )
+                if phase in (Phase.LOAD, Phase.FIRST_DECODE) and not give_up:
+                    safer = self._safer(config)
+                    if safer is not None:
+                        st.tried.append(safer)
+                        st.last_exit += f"; restarting with {safer}"
+                st.crashes = explain(self._crashes, st.tried, stderr)
+            self._exits[st.starts] = st.last_exit
+            self._exits.pop(st.starts - 10, None)
             st.history = [*st.history[-9:], st.last_exit]
-            give_up = st.failures >= self.restart.max_failures
             if give_up:
-                st.critical = f"engine failed {st.failures} times in a row, last: {st.last_exit}"
+                self._retry.clear()  # before `critical` is visible: a reset from now on is a retry
+                if self._crashes and st.crashes is not None:
+                    st.critical = st.crashes
+                else:
+                    st.critical = f"engine failed {st.failures} times in a row, last: {st.last_exit}"
+                    if stderr:
+                        st.critical += f"; last engine stderr: {stderr}"
             delay = self.restart.delay_s(st.failures)
+            st.retry_at = None if give_up else self.clock.now() + delay
         if give_up:
             self._log.error("engine given up", reason=self.status.critical)
             self._on_change()
-            self._retry.clear()
             while not self._stop.is_set() and not self._retry.wait(1.0):
                 pass
             return
-        self._log.warning("engine died; restarting", reason=self.status.last_exit, delay_s=round(delay, 2))
+        self._log.warning(
+            "engine died; restarting", reason=self.status.last_exit, delay_s=round(delay, 2), stderr=stderr
+        )
         self._on_change()
         self._stop.wait(delay)
+
+    def _safer(self, config: EngineConfig) -> str | None:
+        """The next safer setting after a crash at load or first decode (lock held): extra buffers off, then one
+        step down the ladder (tier, else context). None when nothing safer is left."""
+        st = self.status
+        if st.extra_buffers != "off":
+            st.extra_buffers = "off"
+            return "extra buffers off"
+        smaller = step_down(self.ladder, config)
+        if smaller is None:
+            return None
+        model, n_ctx = smaller
+        st.cap = Cap(model=model, n_ctx=n_ctx, reason=f"engine crashes on {config.model}/{config.n_ctx}")
+        return f"tier {model}" if model != config.model else f"n_ctx {n_ctx}"
+
+    # -- for the public chat socket (governor.daemon.proxy) ---------------------------------------------------------
+    def availability(self) -> Availability:
+        with self._lock:
+            st = self.status
+            if self._stop.is_set():
+                return Availability(False, True, "the governor is stopping", 5)
+            if st.critical is not None:
+                reason = f"the engine was given up (governor reload tries again): {st.critical}"
+                return Availability(False, True, reason, math.ceil(self.restart.max_s))
+            if st.ready:
+                return Availability(True, False, "", 0)
+            wait_s = self._load_s
+            if st.running:
+                reason = "the engine is loading" + (f" (restarted after: {st.last_exit})" if st.last_exit else "")
+            elif st.retry_at is not None:
+                backoff_s = max(0.0, st.retry_at - self.clock.now())
+                wait_s += backoff_s
+                reason = f"the engine is restarting in {backoff_s:.0f} s after: {st.last_exit}"
+            else:
+                reason = "the engine has not started yet"
+            if st.crashes:
+                reason += f" ({st.crashes})"
+            return Availability(False, False, reason, max(1, math.ceil(wait_s)))
+
+    def request_started(self, *, chat: bool) -> int:
+        """A request goes to the engine; returns the engine's start number for `request_ended`/`exit_of`. Chat
+        requests count towards the death's phase (`in the first decode`)."""
+        with self._lock:
+            self._requests += chat
+            return self.status.starts
+
+    def request_ended(self, start: int) -> None:
+        """That request was answered (or its client left): the engine is past its first decode."""
+        with self._lock:
+            if start == self.status.starts:
+                self._answered += 1
+
+    def exit_of(self, start: int) -> str | None:
+        """How the engine of that start ended, once the supervisor has seen it die."""
+        with self._lock:
+            return self._exits.get(start)
 
     # -- for the decision ---------------------------------------------------------------------------------------
     def capped(self, config: EngineConfig) -> EngineConfig:

@@ -202,7 +202,8 @@ class EngineClient:
     def stream_chat(
         self, messages: Sequence[Mapping[str, str]], *, model: str = "default", **params: Any
     ) -> Generator[dict[str, Any], None, None]:
-        """A streamed chat completion: each SSE chunk as a dict. Closing the iterator disconnects (and cancels)."""
+        """A streamed chat completion: each SSE chunk as a dict; an error event raises `EngineError`. Closing the
+        iterator disconnects (and cancels)."""
         body = {"model": model, "messages": list(messages), **params, "stream": True}
         try:
             with self._http.stream("POST", "/v1/chat/completions", json=body, timeout=self._timeout(None)) as response:
@@ -215,7 +216,12 @@ class EngineClient:
                     data = line[5:].strip()
                     if data == "[DONE]":
                         return
-                    yield json.loads(data)
+                    chunk = json.loads(data)
+                    if isinstance(chunk.get("error"), dict):  # as the openai SDK does: an error event raises
+                        err = chunk["error"]
+                        message = " ".join(str(err.get("message") or "error event in the stream").split())
+                        raise EngineError(self.socket_path, response.status_code, message, code=err.get("code"))
+                    yield chunk
         except httpx.TransportError as exc:
             raise EngineUnavailable(self.socket_path, _transport_reason(exc)) from exc
 

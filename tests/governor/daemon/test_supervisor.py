@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -11,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from governor.clock import RealClock
+from governor.daemon.crashes import memory_kill_evidence
 from governor.daemon.supervisor import (
     EngineSupervisor,
     RestartPolicy,
     SupervisedDecider,
-    memory_kill_evidence,
     step_down,
 )
 from policies.decision import Decision, EngineConfig, Hold, State
@@ -32,7 +33,14 @@ LADDER = ModelLadder(
 )
 LARGE = EngineConfig(threads=4, n_ctx=2048, model="large")
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
-CRASHER = [sys.executable, "-c", "import sys; sys.exit(3)"]
+# Says its last words on stderr, then dies by SIGSEGV as a native llama.cpp crash does (no core file).
+SEGFAULTER = [
+    sys.executable,
+    "-c",
+    "import os, resource, signal, sys; resource.setrlimit(resource.RLIMIT_CORE, (0, 0));"
+    " sys.stderr.write('ggml: something broke\\n'); sys.stderr.flush(); os.kill(os.getpid(), signal.SIGSEGV)",
+]
+SELF_KILLER = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
 FAST = RestartPolicy(initial_s=0.01, max_s=0.05, max_failures=3, stable_s=60.0)
 PRESSURE = Snapshot(memory=Memory(total_bytes=2**30, available_bytes=2**24, psi_some_avg10=45.0, psi_full_avg10=20.0))
 
@@ -50,19 +58,29 @@ class Policy:
 
 
 class Harness:
-    def __init__(self, argv: list[str], *, snapshot: Snapshot | None = None, restart: RestartPolicy = FAST) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        *,
+        snapshot: Snapshot | None = None,
+        restart: RestartPolicy = FAST,
+        ready: bool = True,
+    ) -> None:
         self.started: list[EngineConfig] = []
         self.configured: list[EngineConfig] = []
         self.snapshot = snapshot
         self.kernel_log: str | None = None  # dmesg unreadable, unless a test says otherwise
 
-        def command(cfg: EngineConfig) -> list[str]:
+        self.extra_buffers: list[str | None] = []
+
+        def command(cfg: EngineConfig, extra_buffers: str | None) -> list[str]:
             self.started.append(cfg)
+            self.extra_buffers.append(extra_buffers)
             return argv
 
         self.supervisor = EngineSupervisor(
             command=command,
-            ready=lambda _timeout_s: True,
+            ready=lambda _timeout_s: ready,
             configure=self.configured.append,
             ladder=LADDER,
             restart=restart,
@@ -174,16 +192,19 @@ def test_an_oom_record_in_the_kernel_log_also_steps_down() -> None:
 
 
 def test_repeated_failures_mean_critical_not_a_crash_loop() -> None:
-    h = Harness(CRASHER)
+    h = Harness(SELF_KILLER, ready=False)  # a SIGKILL is no crash: no safer settings, the same engine again
     try:
         h.supervisor.want(LARGE)
         eventually(lambda: h.supervisor.status.critical)
         starts = h.supervisor.status.starts
         assert starts == FAST.max_failures
+        assert h.started == [LARGE] * 3
         decision = SupervisedDecider(Policy(), h.supervisor).decide(Snapshot(), None, 9.0)
         assert decision.state == State.CRITICAL
         assert decision.rule == "supervisor.given_up"
-        assert decision.reason.startswith("critical: engine failed 3 times in a row, last: engine exited with status 3")
+        assert decision.reason.startswith(
+            "critical: engine failed 3 times in a row, last: engine killed by SIGKILL after "
+        )
         # a reload (or the operator) asks for another try
         h.supervisor.reset()
         eventually(lambda: h.supervisor.status.starts > starts)
@@ -199,6 +220,84 @@ def test_stop_terminates_the_engine(harness: Harness) -> None:
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     assert harness.supervisor.status.starts == 1  # stopping is not a death to restart from
+
+
+def test_crashes_at_load_try_safer_settings_then_give_up_and_say_why() -> None:
+    h = Harness(SEGFAULTER, ready=False)  # dies before its socket answers: during load
+    try:
+        h.supervisor.want(LARGE)
+        eventually(lambda: h.supervisor.status.critical)
+        # each crash took the next safer setting: extra buffers off, then one tier down
+        assert [c.model for c in h.started] == ["large", "large", "medium"]
+        assert h.extra_buffers == [None, "off", "off"]
+        critical = h.supervisor.status.critical
+        assert critical is not None
+        assert critical.startswith("engine crashes: SIGSEGV during load of tier large, 3 times in ")
+        assert "; tried extra buffers off and tier medium; last engine stderr: ggml: something broke" in critical
+        decision = SupervisedDecider(Policy(), h.supervisor).decide(Snapshot(), None, 9.0)
+        assert decision.state == State.CRITICAL
+        assert decision.reason == f"critical: {critical}"  # what `governor why` shows
+        avail = h.supervisor.availability()
+        assert avail.given_up
+        assert not avail.ready
+        assert critical in avail.reason
+        assert avail.retry_after_s == math.ceil(FAST.max_s)
+        # a reload forgets it all and starts again from the engine's own settings
+        h.supervisor.reset()
+        eventually(lambda: len(h.started) > 3)
+        assert h.started[3] == LARGE
+        assert h.extra_buffers[3] is None
+    finally:
+        h.supervisor.stop(5.0)
+
+
+def test_backing_off_is_a_wait_with_a_reason_and_a_retry_time() -> None:
+    slow = RestartPolicy(initial_s=30.0, max_s=60.0, max_failures=3)
+    h = Harness(SEGFAULTER, ready=False, restart=slow)
+    try:
+        h.supervisor.want(LARGE)
+        eventually(lambda: h.supervisor.status.retry_at is not None)
+        status = h.supervisor.status
+        assert status.last_exit is not None
+        assert status.last_exit.startswith("engine killed by SIGSEGV after ")
+        assert status.last_exit.endswith(", during load; restarting with extra buffers off")
+        assert status.crashes == (
+            "engine crashes: SIGSEGV during load of tier large; tried extra buffers off; "
+            "last engine stderr: ggml: something broke"
+        )
+        avail = h.supervisor.availability()
+        assert not avail.ready
+        assert not avail.given_up
+        assert avail.reason.startswith("the engine is restarting in ")
+        assert 30 <= avail.retry_after_s <= 36  # the back-off left plus a load
+    finally:
+        h.supervisor.stop(5.0)
+
+
+def test_a_crash_under_the_first_request_is_a_first_decode_crash(harness: Harness) -> None:
+    harness.supervisor.want(LARGE)
+    pid = ready_pid(harness.supervisor)
+    start = harness.supervisor.request_started(chat=True)
+    os.kill(pid, signal.SIGSEGV)
+    why = eventually(lambda: harness.supervisor.exit_of(start)) or ""
+    assert why.startswith("engine killed by SIGSEGV after ")
+    assert why.endswith(", in the first decode; restarting with extra buffers off")
+    eventually(lambda: harness.supervisor.status.starts == 2)
+    assert harness.extra_buffers == [None, "off"]
+
+
+def test_a_kill_from_outside_is_not_a_crash_to_take_safer_settings_for(harness: Harness) -> None:
+    harness.supervisor.want(LARGE)
+    pid = ready_pid(harness.supervisor)
+    harness.supervisor.request_ended(harness.supervisor.request_started(chat=True))  # one answer went through
+    harness.supervisor.request_started(chat=True)
+    os.kill(pid, signal.SIGKILL)
+    eventually(lambda: harness.supervisor.status.starts == 2)
+    status = harness.supervisor.status
+    assert status.last_exit is not None
+    assert status.last_exit.endswith(", while answering")
+    assert status.crashes is None
+    assert harness.extra_buffers == [None, None]
 
 
 def test_a_silent_engine_is_killed_and_restarted() -> None:

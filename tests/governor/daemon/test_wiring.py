@@ -78,7 +78,7 @@ class NoRssEngine:
 def test_engine_rss_is_read_from_outside_when_the_engine_does_not_say() -> None:
     ladder = ModelLadder(tier=(ModelTier(name="large", path=Path("large.gguf")),))
     supervisor = EngineSupervisor(
-        command=lambda _cfg: [sys.executable, "-c", "import time; time.sleep(60)"],
+        command=lambda _cfg, _eb: [sys.executable, "-c", "import time; time.sleep(60)"],
         ready=lambda _t: True,
         configure=lambda _cfg: None,
         ladder=ladder,

@@ -1,0 +1,113 @@
+"""The daemon's public-socket proxy: what it costs a streamed answer, side by side with a direct connection.
+
+    .venv/bin/python bench/bench_proxy.py [--runs 7] [--tokens 128] [--tier NAME]
+
+One real engine child (the demo ladder's tier) on its private socket, and the daemon's `ProxyServer` in this process
+in front of it (with a gate that says "ready"). Each round streams the same greedy answer once directly and once
+through the proxy, in alternating order, and prints:
+- decode tokens/s through the proxy ÷ direct: the median of the per-round ratios (goal >= 0.99);
+- the proxy's CPU per token: this process's CPU time in a proxied round minus in a direct round (the client runs
+  in both), ÷ tokens, next to the engine child's own CPU per token from /proc (goal: < 1 % of it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from bench.bench_engine import SAMPLING, measure_stream, our_engine, served
+from governor.daemon.proxy import ProxyServer
+from governor.daemon.supervisor import Availability
+from governor.engine import demo
+from governor.engine.client import EngineClient
+from policies.ladder import load_ladder
+
+ROOT = Path(__file__).resolve().parent.parent
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class AlwaysReady:
+    """The supervisor's side of the proxy, for an engine that is up."""
+
+    def availability(self) -> Availability:
+        return Availability(ready=True, given_up=False, reason="", retry_after_s=0)
+
+    def request_started(self, *, chat: bool) -> int:
+        return 1
+
+    def request_ended(self, start: int) -> None:
+        pass
+
+    def exit_of(self, start: int) -> str | None:
+        return None
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--tier", help="the demo ladder tier (default: its first)")
+    parser.add_argument("--quick", action="store_true", help="3 rounds of 48 tokens")
+    args = parser.parse_args()
+    if args.quick:
+        args.runs, args.tokens = 3, 48
+    ladder_path = demo.write_demo_models(Path(os.environ.get("GOVERNOR_DEMO_DIR") or ROOT / "demo-models"))
+    tier = args.tier or load_ladder(ladder_path).tiers[0].name
+    messages = [{"role": "user", "content": "Tell me a long story about the people of the world."}]
+    body = {"max_tokens": args.tokens, "ignore_eos": True, **SAMPLING}
+    with tempfile.TemporaryDirectory(prefix="gvp", dir="/tmp") as tmp:
+        child, public = Path(tmp) / "e-child.sock", Path(tmp) / "e.sock"
+        cmd = our_engine(child, "--models", str(ladder_path), "--tier", tier, "--threads", "2")
+        with served(cmd, child) as direct:
+            engine_pid = direct.status().model_extra["pid"]  # type: ignore[index]
+            proxy = ProxyServer(public, child, AlwaysReady(), hold_s=5.0, drain_s=5)
+            proxy.start()
+            try:
+                with EngineClient(public, timeout_s=30) as proxied:
+                    proxied.wait_ready(30)
+                    sides = {"direct": direct, "proxied": proxied}
+                    tps: dict[str, list[float]] = {k: [] for k in sides}
+                    own_cpu: dict[str, list[float]] = {k: [] for k in sides}
+                    engine_cpu: list[float] = []
+                    for side in sides.values():  # warm-up: first prefill, connections, caches
+                        measure_stream(side.stream_chat(messages, model=tier, **body), args.tokens)
+                    for r in range(args.runs):
+                        order = list(sides) if r % 2 == 0 else list(reversed(sides))
+                        for name in order:
+                            c0, e0 = time.process_time(), cpu_s(engine_pid)
+                            run = measure_stream(sides[name].stream_chat(messages, model=tier, **body), args.tokens)
+                            own_cpu[name].append(time.process_time() - c0)
+                            engine_cpu.append(cpu_s(engine_pid) - e0)
+                            tps[name].append(run.decode_tps)
+            finally:
+                proxy.close(10.0)
+    ratios = [p / d for p, d in zip(tps["proxied"], tps["direct"], strict=True) if d]
+    proxy_cpu_per_token = [(p - d) / args.tokens for p, d in zip(own_cpu["proxied"], own_cpu["direct"], strict=True)]
+    engine_per_token = statistics.median(engine_cpu) / args.tokens
+    print(f"proxy overhead, tier {tier}: {args.tokens} tokens streamed, greedy, 2 threads, {args.runs} paired rounds")
+    for name in sides:
+        each = tps[name]
+        print(f"  {name:<8} {statistics.median(each):8.1f} tok/s  (min {min(each):.1f}, max {max(each):.1f})")
+    print(
+        f"  proxied ÷ direct decode tok/s {statistics.median(ratios):6.3f}   "
+        f"(goal >= 0.99; rounds {min(ratios):.3f}-{max(ratios):.3f})"
+    )
+    proxy_us = statistics.median(proxy_cpu_per_token) * 1e6
+    print(
+        f"  proxy CPU per token {proxy_us:7.1f} µs   engine CPU per token {engine_per_token * 1e6:9.1f} µs   "
+        f"ratio {proxy_us / (engine_per_token * 1e6):.4f} (goal < 0.01)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
