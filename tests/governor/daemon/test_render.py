@@ -146,3 +146,52 @@ def test_an_engine_that_unloaded_its_model_says_so() -> None:
     assert "unloaded (idle)" in text
     assert "unloaded" not in shown({"state": "idle", "since": NOW, "reason": "idle", "config": CONFIG,
                                     "engine": {**engine, "loaded": True}})  # fmt: skip
+
+
+def test_a_crashing_engine_being_restarted_on_safer_settings() -> None:
+    crashes = (
+        "engine crashes: SIGSEGV in the first decode of tier large, 2 times in 9 s; tried extra buffers off and tier "
+        "medium; last engine stderr: ggml [cpu] amx: oops"
+    )
+    text = shown(
+        {
+            "state": "idle",
+            "since": NOW - 10,
+            "reason": "idle: nothing running",
+            "config": CONFIG,
+            "engine": None,
+            "policy": {"name": "default", "error": None},
+            "supervisor": {
+                "pid": None,
+                "last_exit": "engine killed by SIGSEGV after 2.0 s, in the first decode; restarting with tier medium",
+                "retry_in_s": 3.6,
+                "crashes": crashes,
+                "critical": None,
+            },
+            "holds": [],
+            "readings": {},
+        }
+    )
+    assert "in the first decode; restarting with tier medium); restarting in 4 s" in " ".join(text.split())
+    assert crashes in " ".join(text.split())  # rich markup in the engine's words is shown as written
+
+
+def test_a_given_up_crash_loop_says_what_to_do() -> None:
+    text = shown(
+        {
+            "state": "critical",
+            "since": NOW - 10,
+            "reason": "critical: engine crashes: SIGSEGV during load of tier large, 3 times in 7 s",
+            "config": CONFIG,
+            "engine": None,
+            "policy": {"name": "default", "error": None},
+            "supervisor": {"critical": "engine crashes: SIGSEGV during load of tier large, 3 times in 7 s"},
+            "holds": [],
+            "readings": {},
+        }
+    )
+    flat = " ".join(text.split())
+    assert (
+        "given up: engine crashes: SIGSEGV during load of tier large, 3 times in 7 s (governor reload tries again)"
+        in flat
+    )
