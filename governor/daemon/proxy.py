@@ -59,6 +59,7 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
         b"host",
         b"content-length",
+        b"expect",  # uvicorn answers 100-continue to the client; the body goes upstream in one piece
     }
 )
 
