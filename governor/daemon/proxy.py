@@ -44,7 +44,7 @@ UpstreamRequest = tuple[bytes, bytes, list[tuple[bytes, bytes]], bytes]  # metho
 
 POLL_S = 0.05  # how often a held request looks at the engine's availability
 DEATH_WAIT_S = 3.0  # after the upstream connection broke, how long to wait for the supervisor's word on why
-MAX_BODY = 16 * 2**20
+MAX_BODY = 16 * 2**20  # the proxy's own bound (the engine's limits per path are lower and answer for themselves)
 READ_CHUNK = 64 * 2**10
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 HOP_BY_HOP = frozenset(
@@ -182,10 +182,13 @@ class ProxyApp:
                 return b"".join(parts)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        declared = dict(scope["headers"]).get(b"content-length", b"0")
         try:
+            if not declared.isdigit() or int(declared) > MAX_BODY:
+                raise _TooLarge  # refused before reading: a 50 MB body never sits in the daemon's memory
             body = await self._body(receive)
         except _TooLarge:
-            await _send_error(send, 413, f"request body larger than {MAX_BODY} bytes", "request_too_large")
+            await _send_error(send, 413, f"request body larger than {MAX_BODY} bytes", "body_too_large")
             return
         if body is None:
             return  # the client left before it finished sending

@@ -141,7 +141,8 @@ def test_engine_config_drift_is_corrected(victim: DaemonProc) -> None:
 
 def test_a_second_daemon_never_takes_over_the_engine(victim: DaemonProc, tmp_path: Path, demo_ladder: Path) -> None:
     sockets = Path(tempfile.mkdtemp(prefix="gv2", dir="/tmp"))
-    (sockets / "e.sock").symlink_to(victim.engine_socket)  # the same engine socket as the victim's
+    # The same engine socket as the victim's: the engine child's private one (the public one is the daemon's own)
+    (sockets / "e-child.sock").symlink_to(victim.engine_socket.with_name("e-child.sock"))
     second = DaemonProc(
         tmp_path / "second", sockets, demo_ladder, policy=FAULT_POLICY.replace("threads = 4", "threads = 3")
     )
