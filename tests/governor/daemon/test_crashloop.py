@@ -10,12 +10,14 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
+from policies.ladder import load_ladder
 from tests.governor.daemon.daemon_proc import DaemonProc
 from tests.helpers import eventually
 
@@ -39,6 +41,112 @@ def cli(d: DaemonProc, *args: str) -> str:
         argv, capture_output=True, text=True, timeout=60, check=False, env=os.environ | {"COLUMNS": "400"}
     )
     return done.stdout + done.stderr
+
+
+def engine_takes_extra_buffers() -> bool:
+    """The safer setting the supervisor passes first (`--extra-buffers off`) is the engine half of issue 9."""
+    argv = [sys.executable, "-m", "governor", "engine", "--help"]
+    return "--extra-buffers" in subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False).stdout
+
+
+needs_extra_buffers = pytest.mark.skipif(
+    not engine_takes_extra_buffers(), reason="governor engine has no --extra-buffers yet (issue 9, engine side)"
+)
+
+
+def two_tiers(ladder: Path) -> tuple[str, str]:
+    tiers = [t.name for t in load_ladder(ladder).tiers]
+    return tiers[0], tiers[1]
+
+
+@needs_extra_buffers
+def test_a_crash_at_every_load_backs_off_tries_safer_settings_then_gives_up_and_says_why(
+    tmp_path: Path, sock_dir: Path, demo_ladder: Path
+) -> None:
+    large, medium = two_tiers(demo_ladder)
+    d = DaemonProc(tmp_path, sock_dir, demo_ladder, config=CRASH_CONFIG, env={"GOVERNOR_ENGINE_FAULT": "load"})
+    try:
+        eventually(d.engine_socket.exists, timeout_s=30)
+        with public(d) as http:
+            # While the engine restarts, a request waits request_hold_s for it, then gets a 503 that says why.
+            r = http.post("/v1/chat/completions", json=chat_body())
+            assert r.status_code == 503
+            assert int(r.headers["retry-after"]) >= 1
+            err = r.json()["error"]
+            assert err["type"] == "server_error"
+            assert err["code"] in ("engine_starting", "engine_unavailable")
+
+            status = eventually(lambda: (s := d.status())["supervisor"]["critical"] and s, timeout_s=90)
+            critical = status["supervisor"]["critical"]
+            assert critical.startswith(f"engine crashes: SIGSEGV during load of tier {large}, 3 times in ")
+            assert f"; tried extra buffers off and tier {medium}; last engine stderr: " in critical
+            assert critical.endswith(f"GOVERNOR_ENGINE_FAULT=load: SIGSEGV at load of tier {medium}")
+            assert status["state"] == "critical"
+            assert status["supervisor"]["starts"] == 3
+
+            # Exponential back-off between the three starts, then no more starts.
+            delays = [e["delay_s"] for e in d.events() if e.get("event") == "engine died; restarting"]
+            assert delays == [0.2, 0.4]
+            starts = [e for e in d.events() if e.get("event") == "engine started"]
+            assert [(e["model"], e["extra_buffers"]) for e in starts] == [
+                (large, None),
+                (large, "off"),
+                (medium, "off"),
+            ]
+
+            # Given up: 503 at once, with the crash-loop reason and a Retry-After.
+            r = http.post("/v1/chat/completions", json=chat_body(stream=True))
+            assert r.status_code == 503
+            assert r.headers["retry-after"] == "5"
+            assert r.json()["error"]["code"] == "engine_unavailable"
+            assert critical in r.json()["error"]["message"]
+
+        assert f"given up: engine crashes: SIGSEGV during load of tier {large}" in cli(d, "status")
+        assert f"critical: engine crashes: SIGSEGV during load of tier {large}" in cli(d, "why")
+        assert d.status()["supervisor"]["starts"] == 3
+    finally:
+        assert d.stop() == 0
+
+
+@needs_extra_buffers
+def test_a_crash_in_the_first_decode_steps_down_until_an_engine_answers(
+    tmp_path: Path, sock_dir: Path, demo_ladder: Path
+) -> None:
+    # Like the AMX crash: tier large dies at its first decode; the daemon answers each doomed request with a 502
+    # that names the crash, and ends on tier medium (with extra buffers off), which answers.
+    large, medium = two_tiers(demo_ladder)
+    fault = {"GOVERNOR_ENGINE_FAULT": f"decode@{large}"}
+    d = DaemonProc(tmp_path, sock_dir, demo_ladder, config=CRASH_CONFIG, env=fault)
+    try:
+        d.wait_ready()
+        with public(d) as http:
+            r = http.post("/v1/chat/completions", json=chat_body())  # no model: the engine's current tier
+            assert r.status_code == 502
+            err = r.json()["error"]
+            assert err["code"] == "engine_died"
+            assert err["message"].startswith("the engine died while answering: engine killed by SIGSEGV after ")
+            assert err["message"].endswith(", in the first decode; restarting with extra buffers off")
+
+            d.wait_ready()
+            r = http.post("/v1/chat/completions", json=chat_body(stream=True))  # died before the first byte: 502
+            assert r.status_code == 502
+            assert r.json()["error"]["message"].endswith(f", in the first decode; restarting with tier {medium}")
+
+        status = d.wait_ready()
+        answer = d.engine.chat(HELLO, model=medium, max_tokens=8, ignore_eos=True)
+        assert answer["usage"]["completion_tokens"] == 8
+        assert answer["model"] == medium
+        sup = status["supervisor"]
+        assert sup["critical"] is None
+        assert sup["extra_buffers"] == "off"
+        assert sup["crashes"].startswith(f"engine crashes: SIGSEGV in the first decode of tier {large}, 2 times in ")
+        assert sup["crashes"].endswith(
+            f"; tried extra buffers off and tier {medium}; "
+            f"last engine stderr: GOVERNOR_ENGINE_FAULT=decode@{large}: SIGSEGV at decode of tier {large}"
+        )
+        assert f"engine crashes: SIGSEGV in the first decode of tier {large}" in cli(d, "status")
+    finally:
+        assert d.stop() == 0
 
 
 def test_the_engine_dying_under_requests_ends_them_with_errors_not_silence(daemon: DaemonProc) -> None:
