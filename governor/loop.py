@@ -59,7 +59,8 @@ class GovernorLoop:
         self.before_tick = list(before_tick)  # run by `run()` between ticks: the daemon's reload
         self.last: Decision | None = None
         self._applied: EngineConfig | None = None
-        self.wake = threading.Event()  # set by udev events, a reload or a hold: tick now
+        self.wake = threading.Event()  # set by udev events, a reload, a hold or the engine's news: tick now
+        self.max_wait_s: float | None = None  # never wait longer (systemd's watchdog wants a ping this often)
         self._log = structlog.get_logger("governor.loop")
 
     def tick(self) -> Decision:
@@ -95,5 +96,7 @@ class GovernorLoop:
                 if on_error is None:
                     raise
                 interval = on_error(exc)
+            if self.max_wait_s is not None:
+                interval = min(interval, self.max_wait_s)
             self.clock.wait(self.wake, interval)
             self.wake.clear()

@@ -88,6 +88,7 @@ class Governor:
         self._fit_cache: dict[tuple[int, int, str, int], Fit] = {}
         self._ramping = False
         self._untrusted_since: float | None = None  # since when trusted zones give no plausible reading
+        self._calm = False
         self._tier_index = self._resolve_tiers()
         self._limits = {state: Limits.of(state, profile) for state, profile in policy.states.items()}
         self.power = PowerAllocator(policy, freq_ratios, prior)
@@ -158,6 +159,7 @@ class Governor:
             desired=desired, held_for_s=held_for, prev=prev, config=config, pi_u=self._pi_u, fit=fitted,
             ramping=self._ramping, engine=engine, capped=bool(caps or rate_caps), choice=self.power.choice,
         )  # fmt: skip
+        self._calm = self._is_calm(sense, engine, label)
         rule, reason, readings = explain(tick)
         decision = Decision.model_construct(
             t=t, state=label, engine=config, reason=reason, rule=rule, readings=readings, changed=config != prev,
@@ -293,7 +295,30 @@ class Governor:
         pending = self._ramping or any(trig.pending for trig in self.triggers.values())
         if decision.state in MITIGATING or pending:
             return timing.mitigating_interval_s
+        if self._calm and decision is self.last:
+            return max(timing.calm_interval_s, timing.interval_s)
         return timing.interval_s
+
+    def _is_calm(self, sense: Sense, engine: EngineObservation | None, label: State) -> bool:
+        """Nothing to watch closely: the engine is known and idle (it tells the daemon when a request comes), no
+        condition is on or pending, and every reading is a margin away from its threshold (thermald's slow poll)."""
+        if label != State.IDLE or engine is None or engine.busy or self._ramping:
+            return False
+        if any(trig.on or trig.pending for trig in self.triggers.values()) or sense.pressure:
+            return False
+        timing, view = self.policy.timing, sense.view
+        if view.temp_c is not None:
+            far = view.hot_enter_c - timing.calm_margin_c
+            if view.temp_c > far or (sense.forecast_c is not None and sense.forecast_c > far):
+                return False
+        percent = sense.battery.percent if sense.battery is not None else None
+        if percent is not None and percent <= self.policy.battery.low_percent + timing.calm_battery_margin_percent:
+            return False
+        mem = self.policy.memory
+        if sense.psi is not None and sense.psi >= mem.psi_exit:
+            return False
+        floor = (mem.floor_mb + 2 * mem.floor_hysteresis_mb) * MIB
+        return sense.available is None or sense.available >= floor
 
     # -- parts of the tick -------------------------------------------------------------------------------------
 

@@ -72,6 +72,11 @@ class Profile(StrictModel):
 class Timing(StrictModel):
     interval_s: TickSeconds = 1.0  # tick while nothing is happening (the kernel's 1 s)
     mitigating_interval_s: TickSeconds = 0.25  # tick while mitigating or a change is pending
+    # Tick while calm: engine idle (it says when a request arrives) and far from every threshold. thermald polls
+    # at 10 s when cool; udev events, a request and a reload still wake the loop at once.
+    calm_interval_s: TickSeconds = 5.0
+    calm_margin_c: Margin = 10.0  # calm needs the temperature and its forecast this far below hot entry
+    calm_battery_margin_percent: Percent = 10.0  # and the battery this far above low (charging or not)
     min_dwell_s: Seconds = 2.0  # no state change sooner than this after the last one, except into critical
     recover_dwell_s: Seconds = 20.0  # no move to a less safe state sooner than this after entering the current one
     recover_step_s: PositiveSeconds = 10.0  # coming back: threads rise one at a time, one step per this

@@ -28,6 +28,7 @@ from governor.daemon.notify import Notifier
 from governor.daemon.runtime import Closeable, Daemon
 from governor.daemon.state import DaemonState
 from governor.daemon.supervisor import EngineSupervisor, SupervisedDecider
+from governor.daemon.watch import EngineWatch
 from governor.engine.client import EngineClient, EngineUnavailable
 from governor.errors import GovernorError
 from governor.loop import Decider, GovernorLoop
@@ -123,7 +124,6 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
     state = DaemonState()
     client = EngineClient(config.engine_child_socket, timeout_s=2.0)  # the daemon's own link skips the proxy;
     # a hung engine must not stall the loop for long
-    prober = EngineClient(config.engine_child_socket, timeout_s=config.restart.probe_timeout_s)
     log = structlog.get_logger("governor.daemon")
 
     def ours(pid: object) -> bool:
@@ -141,9 +141,10 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
         return ours((status.model_extra or {}).get("pid"))
 
     def probe(timeout_s: float) -> bool:
-        try:
-            status = prober.status()
-        except GovernorError:
+        # The status stream is the liveness signal (no round trip): the engine writes a line at least every
+        # probe_interval_s; a silent stream means a hung (or stopped) engine.
+        status = watch.fresh(watch_heartbeat_s + timeout_s)
+        if status is None:
             return False
         if not ours((status.model_extra or {}).get("pid")):
             return False
@@ -155,6 +156,14 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
     def wake() -> None:
         if loop_ref:
             loop_ref[0].wake.set()
+
+    # The engine pushes its status (a request arriving wakes the loop) and a heartbeat line every probe interval.
+    watch_heartbeat_s = max(0.1, config.restart.probe_interval_s)
+    watch = EngineWatch(client, on_change=wake, heartbeat_s=watch_heartbeat_s)
+
+    def engine_changed() -> None:
+        watch.kick()  # a new engine is ready (or the old one gone): (re)connect to its status stream now
+        wake()
 
     holds = HoldRegistry(on_change=wake)
 
@@ -173,11 +182,11 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
         restart=config.restart,
         clock=clock,
         latest_snapshot=lambda: state.snapshot,
-        on_change=wake,
+        on_change=engine_changed,
         probe=probe,
     )
     decider = SupervisedDecider(inner, supervisor)
-    engine = SupervisedEngine(client, supervisor)
+    engine = SupervisedEngine(client, supervisor, watch)
     loop = GovernorLoop(sensors, decider, engine, clock, holds=holds.in_force, listeners=[freq.on_tick])
     loop_ref.append(loop)
 
@@ -201,7 +210,7 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
         drain_s=math.ceil(config.drain_timeout_s + config.stop_timeout_s),
         group=config.group,
     )
-    closeables: tuple[Closeable, ...] = (client, prober, sensors, freq)  # freq: restores the CPU limits it found
+    closeables: tuple[Closeable, ...] = (client, sensors, freq)  # freq: restores the CPU limits it found
     return Daemon(
         config=config,
         clock=clock,

@@ -2,6 +2,7 @@
 
 `apply()` never blocks the loop: a model or context change makes the engine reload at a token boundary, which can
 take seconds, so configs go to one applier thread that always posts the latest one (older ones are skipped).
+`observe()` does no I/O when a watch is given: the engine pushes its status on change (governor/daemon/watch.py).
 """
 
 from __future__ import annotations
@@ -69,10 +70,20 @@ def engine_command(
     return argv if extra_buffers is None else [*argv, "--extra-buffers", extra_buffers]
 
 
+class Watch(Protocol):
+    """governor.daemon.watch.EngineWatch: the engine's last pushed status, or None while not connected."""
+
+    @property
+    def latest(self) -> EngineObservation | None: ...
+
+    def close(self) -> None: ...
+
+
 class SupervisedEngine:
-    def __init__(self, link: EngineLink, supervisor: EngineSupervisor) -> None:
+    def __init__(self, link: EngineLink, supervisor: EngineSupervisor, watch: Watch | None = None) -> None:
         self.link = link
         self.supervisor = supervisor
+        self.watch = watch
         self._cond = threading.Condition()
         self._next: EngineConfig | None = None
         self._in_flight = False
@@ -85,7 +96,7 @@ class SupervisedEngine:
     def observe(self) -> EngineObservation | None:
         if not self.supervisor.ready:
             return None
-        observed = self.link.observe()
+        observed = self.watch.latest if self.watch is not None else self.link.observe()
         pid = self.supervisor.pid
         if observed is not None and observed.rss_bytes is None and pid is not None:
             # An engine that does not report its RSS: read it from outside (psutil), one ProcessStats per child.
@@ -140,3 +151,5 @@ class SupervisedEngine:
             self._stopping = True
             self._cond.notify()
         self._thread.join(5.0)
+        if self.watch is not None:
+            self.watch.close()

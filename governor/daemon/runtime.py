@@ -90,6 +90,7 @@ class Daemon:
         self._log = structlog.get_logger("governor.daemon")
         self.control = ControlServer(config.control_socket, self, group=config.group)
         loop.before_tick.append(self._between_ticks)
+        loop.max_wait_s = notifier.watchdog_interval_s  # a calm loop ticks slowly, but not past the watchdog
         loop.listeners.extend([state.on_tick, metrics.on_tick, self._after_tick])
 
     # -- lifecycle ------------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from starlette.routing import Route
 from governor.engine import fault, refusals
 from governor.engine.chat import ChatRequest, CompletionRequest
 from governor.engine.config import Applied, ConfigChange, ConfigRefused, Settings, resolve
+from governor.engine.feed import StatusFeed
 from governor.engine.grammar import Constraint, SchemaRefused, constraint, pointer_to_param
 from governor.engine.jobs import ConfigJob, Job
 from governor.engine.replies import CompletionReply, Reply, ToolReply
@@ -89,12 +90,15 @@ class EngineApp:
         self.load_wait_s = load_wait_s  # how long a request may wait on a model load before a 503
         self._process = psutil.Process()
         self.rejected_total = 0
+        self.feed = StatusFeed(self.status_body, lambda: worker.busy)
+        worker.on_change = self.feed.changed
         self.app = Starlette(
             routes=[
                 Route("/v1/models", self.models, methods=["GET"]),
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
                 Route("/v1/completions", self.completions, methods=["POST"]),
                 Route("/engine/status", self.status, methods=["GET"]),
+                Route("/engine/events", self.events, methods=["GET"]),
                 Route("/engine/config", self.config, methods=["POST"]),
             ],
             exception_handlers={HTTPException: self._http_error, Exception: self._server_error},
@@ -123,9 +127,9 @@ class EngineApp:
             data.append(entry)
         return JSONResponse({"object": "list", "data": data})
 
-    async def status(self, request: Request) -> Response:
+    def status_body(self) -> dict[str, Any]:
         w = self.worker
-        body = {
+        return {
             **w.settings.as_dict(),
             "model_path": str(w.models[w.settings.model].path),
             "loaded": w.slot.loaded,
@@ -144,7 +148,25 @@ class EngineApp:
             **vars(w.counters),
             "rejected_total": self.rejected_total,
         }
-        return JSONResponse(body)
+
+    async def status(self, request: Request) -> Response:
+        return JSONResponse(self.status_body())
+
+    async def events(self, request: Request) -> Response:
+        """The status as JSON lines, pushed on change (governor/engine/feed.py)."""
+        raw = request.query_params.get("heartbeat_s")
+        heartbeat_s: float | None = None
+        if raw is not None:
+            try:
+                heartbeat_s = float(raw)
+            except ValueError:
+                heartbeat_s = math.nan
+            if not 0.1 <= heartbeat_s <= 3600:
+                return error(400, f"heartbeat_s={raw!r}: a number of seconds in [0.1, 3600]", param="heartbeat_s")
+        gone = asyncio.ensure_future(_disconnected(request.receive))
+        return StreamingResponse(
+            self.feed.lines(heartbeat_s, gone), media_type="application/x-ndjson", headers={"Cache-Control": "no-cache"}
+        )
 
     async def config(self, request: Request) -> Response:
         try:

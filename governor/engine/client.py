@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -118,6 +119,7 @@ class EngineClient:
         self.timeout_s = timeout_s
         self.reload_timeout_s = reload_timeout_s  # a model reload on a slow device takes a while
         self._http = httpx.Client(transport=_UnixTransport(socket_path), base_url="http://engine", timeout=timeout_s)
+        self._streams: set[httpx.Response] = set()
         self._log = structlog.get_logger("governor.engine.client")
 
     def __enter__(self) -> EngineClient:
@@ -129,6 +131,7 @@ class EngineClient:
         self.close()
 
     def close(self) -> None:
+        self.interrupt_streams()
         self._http.close()
 
     # -- control API ---------------------------------------------------------------------------------------------
@@ -160,6 +163,38 @@ class EngineClient:
             if time.monotonic() > deadline:
                 raise EngineUnavailable(self.socket_path, f"not ready within {timeout_s:g} s ({last.reason})")
             time.sleep(0.05)
+
+    def events(self, *, heartbeat_s: float | None = None) -> Generator[EngineStatus, None, None]:
+        """`GET /engine/events`: the status now and each time it changes, on one connection (close to stop).
+
+        With `heartbeat_s` the engine writes at least that often, and silence for three heartbeats is an error.
+        """
+        params = {} if heartbeat_s is None else {"heartbeat_s": heartbeat_s}
+        timeout = self._timeout(None if heartbeat_s is None else 3 * heartbeat_s)
+        try:
+            with self._http.stream("GET", "/engine/events", params=params, timeout=timeout) as response:
+                if response.is_error:
+                    response.read()
+                    raise self._error(response)
+                self._streams.add(response)
+                try:
+                    for line in response.iter_lines():
+                        if line:
+                            yield self._parse_json(EngineStatus, line, response)
+                finally:
+                    self._streams.discard(response)
+        except httpx.TransportError as exc:
+            raise EngineUnavailable(self.socket_path, _transport_reason(exc)) from exc
+        raise EngineUnavailable(self.socket_path, "the status stream ended")
+
+    def interrupt_streams(self) -> None:
+        """End every open `events()` stream now, from any thread (its reader sees EngineUnavailable)."""
+        for response in list(self._streams):
+            stream = response.extensions.get("network_stream")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            if isinstance(sock, socket.socket):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
 
     # -- the daemon's EngineControl ------------------------------------------------------------------------------
 
@@ -261,8 +296,11 @@ class EngineClient:
         return EngineError(self.socket_path, response.status_code, " ".join(message.split()), code=code, param=param)
 
     def _parse(self, model: type[M], response: httpx.Response) -> M:
+        return self._parse_json(model, response.content, response)
+
+    def _parse_json(self, model: type[M], data: str | bytes, response: httpx.Response) -> M:
         try:
-            return model.model_validate_json(response.content)
+            return model.model_validate_json(data)
         except ValidationError as exc:
             err = exc.errors()[0]
             where = ".".join(str(p) for p in err["loc"])

@@ -13,8 +13,10 @@ import grp
 import os
 import signal
 import socket
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING
 
 import structlog
@@ -37,6 +39,7 @@ from governor.errors import GovernorError
 from policies.decision import RATE_MAX, RATE_MIN
 
 if TYPE_CHECKING:
+    from governor.engine.feed import StatusFeed
     from governor.engine.worker import Worker
 
 log = structlog.get_logger("governor.engine")
@@ -153,15 +156,37 @@ def bind_tcp(port: int) -> socket.socket:
 
 class _Server(uvicorn.Server):
     """uvicorn's phased shutdown (stop accepting, wait for responses, lifespan shutdown), plus: after `drain_s`
-    the running answer is ended at a token boundary, so its client still gets a complete response."""
+    the running answer is ended at a token boundary, so its client still gets a complete response; open status
+    streams end first. And an idle engine sleeps: uvicorn's main loop wakes every 0.1 s to look for a stop request
+    (ten wake-ups a second, for nothing); this one sleeps until a signal arrives."""
 
-    def __init__(self, config: uvicorn.Config, worker: Worker, drain_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, worker: Worker, feed: StatusFeed, drain_s: float) -> None:
         super().__init__(config)
         self._worker = worker
+        self._feed = feed
         self._drain_s = drain_s
+        self._exit: asyncio.Event | None = None
+
+    async def main_loop(self) -> None:
+        self._exit = asyncio.Event()
+        if threading.current_thread() is threading.main_thread():
+            # A handler the loop knows of: the signal wakes its selector. uvicorn's plain signal.signal handler
+            # runs only when the main thread runs Python, which an idle loop no longer does.
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, self.handle_exit, signum, None)
+        if await self.on_tick(0):  # the default headers, once (config has date_header=False: it would go stale)
+            return
+        await self._exit.wait()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if self._exit is not None:
+            self._exit.set()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         log.info("engine.stopping", drain_s=self._drain_s, busy=self._worker.busy)
+        self._feed.close()
         handle = asyncio.get_running_loop().call_later(self._drain_s, self._worker.end_answers)
         try:
             await super().shutdown(sockets)
@@ -211,13 +236,14 @@ def run(args: argparse.Namespace) -> int:
             log_config=None,
             log_level="warning",
             access_log=False,
+            date_header=False,
             lifespan="on",
             loop="auto" if args.slow_callback_ms is None else "governor.engine.loopwatch:WatchedLoop",
             timeout_graceful_shutdown=args.drain_s + 5.0,  # a backstop: answers end by themselves after drain_s
         )
         # uvicorn re-raises a caught SIGTERM after shutdown; a no-op handler makes that a clean exit 0.
         signal.signal(signal.SIGTERM, lambda signum, frame: None)
-        _Server(config, worker, args.drain_s).run(sockets=sockets)
+        _Server(config, worker, engine.feed, args.drain_s).run(sockets=sockets)
     finally:
         for s in sockets:
             s.close()

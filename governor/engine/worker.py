@@ -13,6 +13,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -46,6 +47,7 @@ class Worker:
         self._running: Job | None = None
         self.decode_tokens_per_s: float | None = None
         self.generation_s: float | None = None  # recent generation length, for Retry-After
+        self.on_change: Callable[[], None] = _nothing  # busy flipped or settings changed (on this thread)
         self._thread = threading.Thread(target=self._loop, name="engine-worker", daemon=True)
 
     @property
@@ -142,6 +144,7 @@ class Worker:
                     continue
                 self.busy = True
                 self._running = job
+                self.on_change()
                 try:
                     final = self._ensure_loaded(job) or self._generate(job)
                 except Exception as exc:  # last resort: this job fails, the engine keeps serving
@@ -152,6 +155,7 @@ class Worker:
                     self.busy = False
                     self._running = self._run = None
                     self.slot.touch()
+                    self.on_change()
                 job.sink(final)  # after `busy` is cleared: a client that has its answer sees an idle engine
         except BaseException:
             # Only a model that can be neither rebuilt nor restored gets here: exit so that the daemon restarts us.
@@ -320,6 +324,7 @@ class Worker:
                     self.model.set_threads(target.threads)
                 self.settings = target
                 cj.done(target, "live", time.perf_counter() - t0)
+                self.on_change()
                 log.info("engine.config", applied="live", **target.as_dict())
                 continue
             try:
@@ -330,6 +335,7 @@ class Worker:
             seconds = time.perf_counter() - t0
             self.counters.reloads_total += 1
             cj.done(target, "reload", seconds)
+            self.on_change()
             log.info(
                 "engine.config",
                 applied="reload",
@@ -401,6 +407,10 @@ class Worker:
             kept=len(run.messages or ()) - run.trimmed,
             n_ctx=self.model.n_ctx,
         )
+
+
+def _nothing() -> None:
+    pass
 
 
 def _ewma(rate: float | None, dt: float, alpha: float = 0.1) -> float:

@@ -7,7 +7,7 @@ import itertools
 from policies import Governor
 from policies.decision import Hold, State
 from policies.schema import Policy
-from sensors.snapshot import Cpu, Temperature
+from sensors.snapshot import Cpu, EngineObservation, Snapshot, Temperature
 from tests.policies.builders import BUSY, IDLE, run, snap, states
 from tests.policies.conftest import make_policy
 
@@ -282,8 +282,8 @@ def test_an_unknown_temperature_keeps_hot(policy: Policy) -> None:
 
 def test_interval_is_short_while_mitigating_or_deciding(policy: Policy) -> None:
     gov = Governor(policy)
-    calm = gov.decide(snap(50.0), IDLE, 0.0)
-    assert gov.interval_s(calm) == 1.0
+    watchful = gov.decide(snap(70.0), IDLE, 0.0)  # idle, but within calm_margin_c of hot entry (75 °C)
+    assert gov.interval_s(watchful) == 1.0
     pending = gov.decide(snap(80.0), IDLE, 1.0)  # hot is debouncing
     assert pending.state == State.IDLE
     assert gov.interval_s(pending) == 0.25
@@ -307,3 +307,38 @@ def test_kernel_throttling_is_named_while_hot(policy: Policy) -> None:
     assert d.state == State.HOT
     assert d.readings["cpu_throttled"] is True
     assert "already throttled by the kernel" in d.reason
+
+
+def test_calm_ticks_slowly_and_anything_near_a_threshold_ends_calm(policy: Policy) -> None:
+    """thermald's slow poll: an idle engine far from every threshold is looked at every calm_interval_s."""
+    calm_s = policy.timing.calm_interval_s
+    assert calm_s > policy.timing.interval_s
+
+    def interval(snapshot: Snapshot, engine: EngineObservation | None = IDLE, *, warm_up: int = 1) -> float:
+        gov = Governor(policy)
+        decisions = run(gov, [snapshot] * warm_up, engine=engine)
+        return gov.interval_s(decisions[-1])
+
+    assert interval(snap(50.0)) == calm_s
+    assert interval(snap(None)) == calm_s  # no temperature at all: nothing thermal can fire
+    assert interval(snap(50.0, percent=60.0, plugged=False)) == calm_s
+    assert interval(snap(50.0), BUSY) == 1.0  # generating
+    assert interval(snap(50.0), None) == 1.0  # the engine is not known (starting, or gone)
+    assert interval(snap(66.0)) == 1.0  # 9 °C from hot entry, within calm_margin_c
+    assert interval(snap(50.0, percent=30.0, plugged=True)) == 1.0  # unplugging would make it low_battery soon
+    assert interval(snap(50.0, psi=3.0)) == 1.0  # memory pressure building (at or above psi_exit)
+    assert interval(snap(50.0, available_mb=250.0)) == 1.0  # close to the memory floor
+
+    # A rising forecast ends calm before the reading gets near: 50 -> 62 °C in 12 s forecasts past 65 °C.
+    gov = Governor(policy)
+    rising = run(gov, [snap(50.0 + i) for i in range(13)], engine=IDLE)
+    forecast = rising[-1].readings["forecast_c"]
+    assert isinstance(forecast, float)
+    assert forecast > 65.0
+    assert gov.interval_s(rising[-1]) == 1.0
+
+
+def test_calm_never_makes_the_loop_slower_than_its_interval(policy: Policy) -> None:
+    slow = policy.model_copy(update={"timing": policy.timing.model_copy(update={"interval_s": 8.0})})
+    gov = Governor(slow)
+    assert gov.interval_s(gov.decide(snap(50.0), IDLE, 0.0)) == 8.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import time
 from typing import Any
@@ -89,3 +90,38 @@ def test_heat_then_cool_then_pull_the_charger(daemon: DaemonProc) -> None:
     status = eventually(lambda: (s := daemon.status())["state"] == "low_battery" and s, timeout_s=10)
     assert "15" in status["reason"]
     eventually(lambda: daemon.engine_threads() == 2)
+
+
+class Recorder(threading.Thread):
+    """The daemon's `record` stream: one trace line per tick."""
+
+    def __init__(self, daemon: DaemonProc, seconds: float) -> None:
+        super().__init__(daemon=True)
+        self.d, self.seconds = daemon, seconds
+        self.ticks: list[dict[str, Any]] = []
+
+    def run(self) -> None:
+        for line in self.d.client.record(seconds=self.seconds):
+            self.ticks.append(json.loads(line))
+
+    def calm_gap(self) -> bool:
+        """Two idle ticks in a row at least four seconds apart (the calm interval is 5 s)."""
+        pairs = itertools.pairwise(self.ticks)
+        return any(b["t"] - a["t"] >= 4.0 and a["engine"] and not a["engine"]["busy"] for a, b in pairs)
+
+
+def test_a_calm_daemon_ticks_slowly_and_a_request_wakes_it(daemon: DaemonProc) -> None:
+    daemon.tree.write("sys/class/power_supply/BAT0/capacity", 80)  # far from low battery: nothing to watch closely
+    recorder = Recorder(daemon, seconds=60)
+    recorder.start()
+    eventually(recorder.calm_gap, timeout_s=30, interval_s=0.1)
+
+    # An 8-token answer takes a fraction of a second, far less than a calm tick: only the engine's word that it
+    # turned busy makes the loop tick while it runs.
+    asked = len(recorder.ticks)
+    model = daemon.engine.status().model
+    answer = daemon.engine.chat(PROMPT, model=model, max_tokens=8, ignore_eos=True)
+    assert answer["choices"][0]["finish_reason"] == "length"
+    busy = eventually(lambda: [r for r in recorder.ticks[asked:] if r["engine"] and r["engine"]["busy"]], timeout_s=3)
+    assert busy
+    eventually(lambda: not recorder.ticks[-1]["engine"]["busy"], timeout_s=3)  # and the return to idle, at once too

@@ -137,3 +137,18 @@ def test_without_an_error_handler_the_error_propagates() -> None:
     loop = GovernorLoop(Sensors(), Threshold(), Flaky({1}), VirtualClock())
     with pytest.raises(OverflowError):  # the lab and tests must see a bug, not a loop that hides it
         loop.run(threading.Event())
+
+
+def test_max_wait_caps_the_interval_for_the_watchdog() -> None:
+    clock, stop = VirtualClock(), threading.Event()
+    times: list[float] = []
+
+    def listener(t: float, _s: Snapshot, _o: EngineObservation | None, _d: Decision) -> None:
+        times.append(t)
+        if len(times) == 4:
+            stop.set()
+
+    loop = GovernorLoop(Sensors(), Threshold(), Engine(), clock, listeners=[listener])
+    loop.max_wait_s = 0.4  # systemd wants a ping every 0.4 s; the decider would wait 1 s
+    loop.run(stop)
+    assert [round(t, 6) for t in times] == [0.0, 0.4, 0.8, 1.2]
