@@ -2,8 +2,11 @@
 
 Per tick, with the real parts: SensorSampler on a fake laptop tree (2 zones, a hwmon chip, battery + mains, 4 CPUs,
 meminfo, PSI), the real policy Governor (default policy, the demo ladder's footprints) wrapped by the supervisor's
-decider, the daemon's listeners (status/why state, Prometheus metrics, sd_notify off) and an engine stub answering
-at once (no HTTP): CPU is `time.process_time()` over N ticks. Its parts are timed side by side in the same run.
+decider, the daemon's listeners (status/why state, Prometheus metrics, sd_notify off) and a real engine process (the
+demo ladder's small tier) observed as the daemon observes it: the status it pushes on `GET /engine/events`, read by
+an EngineWatch. Beside it, the same tick observing by a `GET /engine/status` round trip per tick (what the daemon did
+before). CPU is `time.process_time()` over N ticks (this process only: the engine's side of a poll is not in it;
+bench_footprint.py counts both processes). Its parts are timed side by side in the same run.
 RSS: `governor run` as a real process on the same tree with the demo ladder, the engine child excluded, once ready.
 The machine is shared (2 cores, several engineers at work): figures are noisy; the median of 5 rounds is printed.
 Usage: .venv/bin/python bench/bench_daemon.py [--ticks N]
@@ -12,6 +15,7 @@ Usage: .venv/bin/python bench/bench_daemon.py [--ticks N]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import shutil
 import statistics
@@ -19,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the fake-tree builder lives in tests/
@@ -32,6 +36,8 @@ from governor.daemon.client import ControlClient
 from governor.daemon.metrics import DaemonMetrics
 from governor.daemon.state import DaemonState
 from governor.daemon.supervisor import EngineSupervisor, RestartPolicy, SupervisedDecider
+from governor.daemon.watch import EngineWatch
+from governor.engine.client import EngineClient
 from governor.engine.demo import write_demo_models
 from governor.loop import GovernorLoop
 from policies import Governor, load_policy
@@ -40,6 +46,7 @@ from policies.decision import EngineConfig
 from policies.ladder import load_ladder
 from sensors.sampler import SensorSampler
 from sensors.snapshot import EngineObservation
+from tests.helpers import eventually
 from tests.sensors.tree import FakeTree
 
 TICK_GOAL_MS = 2.0
@@ -47,18 +54,44 @@ RSS_GOAL_MB = 60.0
 REPO = Path(__file__).resolve().parent.parent
 
 
-class EngineStub:
-    """Answers at once: what is measured is the daemon, not HTTP to the engine."""
+class WatchedEngine:
+    """The daemon's EngineControl without the supervisor: observe = the last pushed status, no I/O."""
 
-    def __init__(self) -> None:
-        self.busy = False
+    def __init__(self, watch: EngineWatch) -> None:
+        self.watch = watch
 
-    def observe(self) -> EngineObservation:
-        self.busy = not self.busy
-        return EngineObservation(busy=self.busy, tokens_per_s=20.0, model="large", rss_bytes=300 << 20)
+    def observe(self) -> EngineObservation | None:
+        return self.watch.latest
 
     def apply(self, config: EngineConfig) -> None:
-        del config
+        del config  # the policy's first config; what is measured is the tick
+
+
+class PolledEngine(WatchedEngine):
+    """The old way: a `GET /engine/status` round trip with JSON every tick."""
+
+    def __init__(self, client: EngineClient) -> None:
+        self.client = client
+
+    def observe(self) -> EngineObservation | None:
+        return self.client.observe()
+
+
+@contextlib.contextmanager
+def engine_process(ladder_path: Path, work: Path) -> Iterator[EngineClient]:
+    sock = work / "engine.sock"
+    argv = [sys.executable, "-m", "governor", "engine", "--models", str(ladder_path), "--tier", "small",
+            "--threads", "1", "--socket", str(sock)]  # fmt: skip
+    with (work / "engine.log").open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    client = EngineClient(sock, timeout_s=10.0)
+    try:
+        client.wait_ready(120, process=proc)
+        yield client
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(60)
 
 
 def cpu_ms(func: Callable[[], object], n: int) -> float:
@@ -68,7 +101,7 @@ def cpu_ms(func: Callable[[], object], n: int) -> float:
     return (time.process_time() - start) * 1000 / n
 
 
-def per_tick(root: Path, ladder_path: Path, ticks: int) -> dict[str, float]:
+def per_tick(root: Path, ladder_path: Path, ticks: int, client: EngineClient) -> dict[str, float]:
     ladder = load_ladder(ladder_path)
     footprints = load_footprints(ladder)
     policy = Governor(load_policy("default"), ladder=ladder, footprints=footprints)
@@ -82,31 +115,37 @@ def per_tick(root: Path, ladder_path: Path, ticks: int) -> dict[str, float]:
     )  # never started: only its decider wrapper is on the path of a tick
     sampler = SensorSampler(root, cpu_util=None)
     state, metrics = DaemonState(), DaemonMetrics()
-    loop = GovernorLoop(
-        sampler,
-        SupervisedDecider(policy, supervisor),
-        EngineStub(),
-        RealClock(),
-        listeners=[state.on_tick, metrics.on_tick],
-    )
+    watch = EngineWatch(client)
+    watch.kick()
+    eventually(lambda: watch.latest is not None, timeout_s=30)
+
+    def loop_with(engine: WatchedEngine) -> GovernorLoop:
+        decider = SupervisedDecider(policy, supervisor)
+        return GovernorLoop(sampler, decider, engine, RealClock(), listeners=[state.on_tick, metrics.on_tick])
+
+    watched, polled = loop_with(WatchedEngine(watch)), loop_with(PolledEngine(client))
     snapshot = sampler.sample()
-    engine = EngineStub()
+    observed = watch.latest
     t0 = time.monotonic()
-    last = loop.tick()
+    last = watched.tick()
 
     def decide() -> None:
-        policy.decide(snapshot, engine.observe(), time.monotonic() - t0)
+        policy.decide(snapshot, observed, time.monotonic() - t0)
 
     def listeners() -> None:
-        state.on_tick(1.0, snapshot, None, last)
-        metrics.on_tick(1.0, snapshot, None, last)
+        state.on_tick(1.0, snapshot, observed, last)
+        metrics.on_tick(1.0, snapshot, observed, last)
 
-    rounds: dict[str, list[float]] = {"tick": [], "sample": [], "decide": [], "listeners": []}
-    for _ in range(5):
-        rounds["tick"].append(cpu_ms(loop.tick, ticks))
-        rounds["sample"].append(cpu_ms(sampler.sample, ticks))
-        rounds["decide"].append(cpu_ms(decide, ticks))
-        rounds["listeners"].append(cpu_ms(listeners, ticks))
+    rounds: dict[str, list[float]] = {"tick": [], "polled": [], "sample": [], "decide": [], "listeners": []}
+    try:
+        for _ in range(5):
+            rounds["tick"].append(cpu_ms(watched.tick, ticks))
+            rounds["polled"].append(cpu_ms(polled.tick, max(ticks // 10, 10)))
+            rounds["sample"].append(cpu_ms(sampler.sample, ticks))
+            rounds["decide"].append(cpu_ms(decide, ticks))
+            rounds["listeners"].append(cpu_ms(listeners, ticks))
+    finally:
+        watch.close()
     return {name: statistics.median(values) for name, values in rounds.items()}
 
 
@@ -147,10 +186,13 @@ def main() -> int:
     try:
         tree = FakeTree(work / "root").laptop()
         ladder_path = write_demo_models(REPO / "demo-models")
-        ms = per_tick(tree.root, ladder_path, args.ticks)
+        with engine_process(ladder_path, work) as client:
+            ms = per_tick(tree.root, ladder_path, args.ticks, client)
         print(f"daemon CPU per tick over {args.ticks} ticks (median of 5 rounds; shared 2-core machine, noisy):")
         tick = ms["tick"]
         print(f"  whole tick   {tick:7.3f} ms   ratio to the {TICK_GOAL_MS} ms goal: {tick / TICK_GOAL_MS:.2f}")
+        polled = ms["polled"]
+        print(f"  the same tick polling GET /engine/status: {polled:7.3f} ms   pushed ÷ polled: {tick / polled:.3f}")
         for part in ("sample", "decide", "listeners"):
             print(f"    {part:10s} {ms[part]:7.3f} ms   ({ms[part] / ms['tick']:.0%} of a tick)")
         rss, engine = daemon_rss(tree.root, ladder_path, work)

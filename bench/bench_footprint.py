@@ -111,7 +111,8 @@ class Generator(threading.Thread):
     def run(self) -> None:
         prompt = [{"role": "user", "content": "Tell me a long story."}]
         while not self.stop.is_set():
-            for chunk in self.client.stream_chat(prompt, model="default", max_tokens=128, ignore_eos=True):
+            model = self.client.status().model  # the tier the governor loaded
+            for chunk in self.client.stream_chat(prompt, model=model, max_tokens=128, ignore_eos=True):
                 self.tokens += bool(chunk.get("choices") and chunk["choices"][0]["delta"].get("content"))
                 if self.stop.is_set():
                     break

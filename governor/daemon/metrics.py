@@ -6,6 +6,7 @@ A private CollectorRegistry (not the global one), so several daemons in one test
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,8 +45,24 @@ class DaemonMetrics:
         self._extra = extra
         self.textfile = textfile
         self._written_t = -math.inf
+        self._last: tuple[Snapshot, EngineObservation | None, Decision] | None = None
+        self._lock = threading.Lock()  # the loop's textfile and a control-socket scrape may update at once
 
     def on_tick(self, t: float, snapshot: Snapshot, observed: EngineObservation | None, decision: Decision) -> None:
+        """Counts, and keeps the tick for the gauges: they are set when read (a scrape, the textfile), not four
+        times a second while mitigating for nobody."""
+        if decision.changed:
+            self.changes.inc()
+        self.ticks.inc()
+        self._last = (snapshot, observed, decision)
+        if self.textfile is not None and t - self._written_t >= TEXTFILE_EVERY_S:
+            self.write_textfile()
+            self._written_t = t
+
+    def _update(self) -> None:
+        if self._last is None:
+            return
+        snapshot, observed, decision = self._last
         for state in State:
             self.state.labels(state.value).set(1.0 if state == decision.state else 0.0)
         cfg = decision.engine
@@ -67,20 +84,18 @@ class DaemonMetrics:
         self.plugged.set(_nan(None if plugged is None else float(plugged)))
         self.mem_avail.set(_nan(snapshot.memory.available_bytes))
         self.psi.set(_nan(snapshot.memory.psi_some_avg10))
-        if decision.changed:
-            self.changes.inc()
-        self.ticks.inc()
         if self._extra is not None:
             for figure, value in self._extra().items():
                 self.supervision.labels(figure).set(value)
-        if self.textfile is not None and t - self._written_t >= TEXTFILE_EVERY_S:
-            self.write_textfile()
-            self._written_t = t
 
     def text(self) -> str:
-        return generate_latest(self.registry).decode()
+        with self._lock:
+            self._update()
+            return generate_latest(self.registry).decode()
 
     def write_textfile(self) -> None:
         if self.textfile is not None:
             self.textfile.parent.mkdir(parents=True, exist_ok=True)
-            write_to_textfile(str(self.textfile), self.registry)  # atomic: a temp file renamed into place
+            with self._lock:
+                self._update()
+                write_to_textfile(str(self.textfile), self.registry)  # atomic: a temp file renamed into place
