@@ -322,7 +322,9 @@ class ControlServer:
             mode |= 0o060
             os.chown(path, -1, gid)
         os.chmod(path, mode)
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(POLL_S,), name="control", daemon=True)
+        # No poll interval: an idle daemon's accept loop sleeps in select() until a client comes (a 0.25 s poll was
+        # half of an idle daemon's CPU); `stop_accepting` wakes it with a connection of its own.
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(None,), name="control", daemon=True)
         self._closed = False
 
     def start(self) -> None:
@@ -337,7 +339,12 @@ class ControlServer:
             return
         self._closed = True
         if self._thread.is_alive():
-            self._server.shutdown()
+            stopper = threading.Thread(target=self._server.shutdown, name="control-stop")  # asks, then waits
+            stopper.start()
+            while stopper.is_alive():  # the loop sees the request once select() returns: give it a connection
+                with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as poke:
+                    poke.connect(str(self.path))  # an empty request: the handler ends without a word
+                stopper.join(0.05)
         self._server.server_close()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
