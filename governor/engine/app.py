@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from governor.engine import fault, refusals
@@ -163,9 +163,10 @@ class EngineApp:
                 heartbeat_s = math.nan
             if not 0.1 <= heartbeat_s <= 3600:
                 return error(400, f"heartbeat_s={raw!r}: a number of seconds in [0.1, 3600]", param="heartbeat_s")
-        gone = asyncio.ensure_future(_disconnected(request.receive))
         return StreamingResponse(
-            self.feed.lines(heartbeat_s, gone), media_type="application/x-ndjson", headers={"Cache-Control": "no-cache"}
+            self.feed.lines(heartbeat_s, request.receive),
+            media_type="application/x-ndjson",
+            headers={"Cache-Control": "no-cache"},
         )
 
     async def config(self, request: Request) -> Response:

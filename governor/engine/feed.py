@@ -15,6 +15,8 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from starlette.types import Receive
+
 
 class StatusFeed:
     """Change notifications from any thread, turned into status lines on the event loop."""
@@ -50,8 +52,9 @@ class StatusFeed:
             self._event.set()  # waiters hold this event; later ones get a fresh one
             self._event = asyncio.Event()
 
-    async def lines(self, heartbeat_s: float | None, gone: asyncio.Future[None]) -> AsyncIterator[str]:
-        """The current status now, then a line per change until the client is `gone` or the feed closes."""
+    async def lines(self, heartbeat_s: float | None, receive: Receive) -> AsyncIterator[str]:
+        """The current status now, then a line per change until the client goes away or the feed closes."""
+        gone = asyncio.ensure_future(_disconnected(receive))
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         if self._event is None:
@@ -67,3 +70,9 @@ class StatusFeed:
                 waiter.cancel()
         finally:
             gone.cancel()
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns when the client goes away (uvicorn answers `receive()` with http.disconnect)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
