@@ -143,10 +143,8 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
     def probe(timeout_s: float) -> bool:
         # The status stream is the liveness signal (no round trip): the engine writes a line at least every
         # probe_interval_s; a silent stream means a hung (or stopped) engine.
-        status = watch.fresh(watch_heartbeat_s + timeout_s)
-        if status is None:
-            return False
-        if not ours((status.model_extra or {}).get("pid")):
+        status = watch.fresh((watch.heartbeat_s or 0.0) + timeout_s)
+        if status is None or not ours((status.model_extra or {}).get("pid")):
             return False
         engine.correct_drift(status.model_dump())
         return True
@@ -158,8 +156,7 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
             loop_ref[0].wake.set()
 
     # The engine pushes its status (a request arriving wakes the loop) and a heartbeat line every probe interval.
-    watch_heartbeat_s = max(0.1, config.restart.probe_interval_s)
-    watch = EngineWatch(client, on_change=wake, heartbeat_s=watch_heartbeat_s)
+    watch = EngineWatch(client, on_change=wake, heartbeat_s=max(0.1, config.restart.probe_interval_s))
 
     def engine_changed() -> None:
         watch.kick()  # a new engine is ready (or the old one gone): (re)connect to its status stream now
