@@ -110,7 +110,9 @@ def _cpu(cpu: Cpu) -> str:
     ratio = None if cpu.freq_ratio is None else cpu.freq_ratio * 100
     return (
         f"{cpu.count if cpu.count is not None else 'unknown'} CPUs, frequency {_num(ratio, '.0f', ' %')} of max, "
-        f"throttled: {throttled}, busy {_num(cpu.util_percent, '.0f', ' %')}"
+        f"throttled: {throttled}, busy {_num(cpu.util_percent, '.0f', ' %')}; other processes "
+        f"{_num(cpu.other_cores, '.2f', ' cores')}, run queue {_num(cpu.run_queue, 'd', '')}, "
+        f"pressure some {_num(cpu.psi_some_avg10, '.2f', ' %')}"
     )
 
 

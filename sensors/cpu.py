@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from sensors.load import Load, read_psi
 from sensors.root import Reader, Root
 from sensors.snapshot import Cpu, Memory
 
@@ -66,7 +67,8 @@ def parse_cpu_list(text: str) -> set[int]:
     return cpus
 
 
-def read_cpu(reader: Reader, inventory: CpuInventory, util_percent: float | None) -> Cpu:
+def read_cpu(reader: Reader, inventory: CpuInventory, util_percent: float | None, load: Load | None = None) -> Cpu:
+    load = load if load is not None else Load()
     online: set[int] | None = None
     if inventory.online_path is not None:
         text = reader.text(inventory.online_path)
@@ -97,7 +99,17 @@ def read_cpu(reader: Reader, inventory: CpuInventory, util_percent: float | None
         )
         throttled = capped or starved
     count = len(online) if online is not None else (len(inventory.cores) or None)
-    return Cpu(freq_ratio=ratio, throttled=throttled, count=count, util_percent=util_percent)
+    return Cpu(
+        freq_ratio=ratio,
+        throttled=throttled,
+        count=count,
+        util_percent=util_percent,
+        other_cores=load.other_cores,
+        engine_cores=load.engine_cores,
+        run_queue=load.run_queue,
+        psi_some_avg10=load.psi_some_avg10,
+        psi_full_avg10=load.psi_full_avg10,
+    )
 
 
 _MEMINFO_KEYS = ("MemTotal", "MemAvailable", "SwapTotal", "SwapFree")
@@ -118,7 +130,7 @@ def read_memory(reader: Reader, root: Root, *, meminfo: bool, psi: bool) -> Memo
         for key in ("MemTotal", "MemAvailable"):  # both exist since Linux 3.14
             if kb[key] is None:
                 reader.problem(path, f"no {key} line")
-    some, full = _read_psi(reader, root.path(PSI_MEMORY)) if psi else (None, None)
+    some, full = read_psi(reader, root.path(PSI_MEMORY)) if psi else (None, None)
     return Memory(
         total_bytes=kb["MemTotal"],
         available_bytes=kb["MemAvailable"],
@@ -127,17 +139,3 @@ def read_memory(reader: Reader, root: Root, *, meminfo: bool, psi: bool) -> Memo
         psi_some_avg10=some,
         psi_full_avg10=full,
     )
-
-
-def _read_psi(reader: Reader, path: str) -> tuple[float | None, float | None]:
-    """`some avg10=0.12 avg60=... total=...` / `full avg10=...`: % of the last 10 s that tasks stalled on memory."""
-    out: dict[str, float | None] = {"some": None, "full": None}
-    text = reader.text(path)
-    for line in (text or "").splitlines():
-        kind, _, rest = line.partition(" ")
-        if kind in out:
-            for item in rest.split():
-                key, _, value = item.partition("=")
-                if key == "avg10":
-                    out[kind] = reader.parse(path, value)
-    return out["some"], out["full"]

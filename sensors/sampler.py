@@ -17,8 +17,9 @@ from typing import Literal, Protocol
 import structlog
 
 from sensors.cpu import CPU_DIR, MEMINFO, PSI_MEMORY, CpuInventory, discover_cpus, read_cpu, read_memory
+from sensors.load import PROC_STAT, PSI_CPU, LoadReader
 from sensors.power import Supply, discover_supplies, read_battery
-from sensors.procstats import CpuUtilisation, PsutilSampler
+from sensors.procstats import PsutilSampler
 from sensors.root import Reader, Root
 from sensors.snapshot import Battery, Problem, Snapshot, Temperature
 from sensors.termux import DEFAULT_COMMAND, TermuxBattery, termux_detected
@@ -44,6 +45,8 @@ class Inventory:
     cpus: CpuInventory
     meminfo: bool
     psi: bool
+    stat: bool
+    cpu_psi: bool
     denied: int
     at: float
 
@@ -91,6 +94,7 @@ class SensorSampler:
         termux_timeout_s: float = 3.0,
         termux_refresh_s: float = 5.0,
         cpu_util: Callable[[], float | None] | Literal["auto"] | None = "auto",
+        engine_pid: Callable[[], int | None] | None = None,
         rediscover_s: float = 30.0,
         stuck_samples: int = 120,
         monotonic: Callable[[], float] = time.monotonic,
@@ -101,8 +105,10 @@ class SensorSampler:
             if termux_cmd
             else None
         )
-        # psutil's utilisation describes the running machine: only meaningful when the root is that machine.
-        self._util = (CpuUtilisation() if self.root.is_live() else None) if cpu_util == "auto" else cpu_util
+        # "auto": busy % from proc/stat under the root (the same deltas as other processes' CPU use).
+        self._util = None if cpu_util == "auto" else cpu_util
+        self._load = LoadReader(self.root)
+        self.engine_pid = engine_pid  # whose CPU time is the engine's own, not "another process" (the daemon sets it)
         self.rediscover_s = rediscover_s
         self._monotonic = monotonic
         self._stuck = StuckDetector(stuck_samples)
@@ -127,6 +133,8 @@ class SensorSampler:
             cpus=discover_cpus(self.root, reader),
             meminfo=self.root.exists(self.root.path(MEMINFO)),
             psi=self.root.exists(self.root.path(PSI_MEMORY)),
+            stat=self.root.exists(self.root.path(PROC_STAT)),
+            cpu_psi=self.root.exists(self.root.path(PSI_CPU)),
             denied=len(reader.denied),
             at=now,
         )
@@ -177,11 +185,14 @@ class SensorSampler:
             battery = from_termux or battery
         if battery is not None and battery.temp_c is not None and all(t.temp_c is None for t in temperatures):
             temperatures.append(_battery_temperature(battery))
+        pid = self.engine_pid() if self.engine_pid is not None else None
+        load = self._load.read(reader, pid, stat=inv.stat, psi=inv.cpu_psi)
+        util = self._util() if self._util is not None else load.util_percent
         snapshot = Snapshot(
             temperatures=tuple(temperatures),
             battery=battery,
             memory=read_memory(reader, self.root, meminfo=inv.meminfo, psi=inv.psi),
-            cpu=read_cpu(reader, inv.cpus, self._util() if self._util is not None else None),
+            cpu=read_cpu(reader, inv.cpus, util, load),
             problems=tuple(reader.problems),
         )
         if reader.vanished:
@@ -230,6 +241,10 @@ class SensorSampler:
             notes.append(f"no memory figures ({shown(MEMINFO)} is absent)")
         if not inv.psi:
             notes.append(f"no memory pressure ({shown(PSI_MEMORY)} is absent)")
+        if not inv.stat:
+            notes.append(f"no CPU load figures ({shown(PROC_STAT)} is absent)")
+        if not inv.cpu_psi:
+            notes.append(f"no CPU pressure ({shown(PSI_CPU)} is absent)")
         return notes
 
     def close(self) -> None:
@@ -254,6 +269,7 @@ def make_sampler(
     termux_cmd: Sequence[str] | None = None,
     termux_timeout_s: float = 3.0,
     environ: Mapping[str, str] = os.environ,
+    engine_pid: Callable[[], int | None] | None = None,
 ) -> Sampler:
     """sysfs when the tree is there (any Linux, or a fake tree under `root`); psutil otherwise (macOS, Windows).
 
@@ -265,4 +281,4 @@ def make_sampler(
         return PsutilSampler()
     if termux_cmd is None and termux_detected(environ):
         termux_cmd = DEFAULT_COMMAND
-    return SensorSampler(prefix, termux_cmd=termux_cmd, termux_timeout_s=termux_timeout_s)
+    return SensorSampler(prefix, termux_cmd=termux_cmd, termux_timeout_s=termux_timeout_s, engine_pid=engine_pid)

@@ -59,6 +59,11 @@ class Cpu(Frozen):
     throttled: bool | None  # the frequency is held below its maximum (scaling_max_freq < cpuinfo_max_freq)
     count: int | None = None
     util_percent: float | None = None
+    other_cores: float | None = None  # cores' worth of CPU time processes other than the engine used (proc/stat)
+    engine_cores: float | None = None  # the engine process's own, over the same interval
+    run_queue: int | None = None  # runnable tasks (proc/stat procs_running, the reader included)
+    psi_some_avg10: float | None = None  # % of the last 10 s some runnable task waited for a CPU
+    psi_full_avg10: float | None = None
 
 
 class Problem(Frozen):
@@ -82,6 +87,7 @@ class EngineObservation(Frozen):
     model: str | None = None
     rss_bytes: int | None = None
     loaded: bool | None = None  # False: the engine unloaded its model after --keep-alive idle seconds
+    threads: int | None = None  # the threads the engine runs with now (what tokens_per_s was measured at)
 
 
 class TraceRecord(Snapshot):

@@ -39,7 +39,10 @@ def test_json_is_one_snapshot_per_line(tree: FakeTree, capsys: pytest.CaptureFix
         "temp_c": None,
         "source": "sysfs:BAT0",
     }
-    assert raw["cpu"] == {"freq_ratio": 0.625, "throttled": False, "count": 4, "util_percent": None}
+    assert raw["cpu"] == {
+        "freq_ratio": 0.625, "throttled": False, "count": 4, "util_percent": None, "other_cores": None,
+        "engine_cores": None, "run_queue": None, "psi_some_avg10": None, "psi_full_avg10": None,
+    }  # fmt: skip
     assert raw["memory"]["psi_some_avg10"] == 1.5
     assert raw["problems"] == []
 
@@ -71,7 +74,7 @@ def test_table_shows_readings_and_problems(tree: FakeTree, capsys: pytest.Captur
     assert "x86_pkg_temp" in out
     assert "passive 85, critical 105" in out
     assert "battery: 87 %, not charging, on battery, power 5.20 W, temperature unknown (sysfs:BAT0)" in out
-    assert "cpu: 4 CPUs, frequency 62 % of max, throttled: no, busy unknown" in out
+    assert "cpu: 4 CPUs, frequency 62 % of max, throttled: no, busy unknown; other processes unknown" in out
     assert "/sys/class/thermal/thermal_zone1/temp" in out
     assert "not a number: 'N/A'" in out
 

@@ -166,6 +166,29 @@ class FakeTree:
         )
         return str(self.write("proc/pressure/memory", text, newline=False))
 
+    def cpu_psi(self, some: float = 0.0) -> str:
+        """The system-wide CPU pressure file: the kernel writes `full` as zeros there (Linux >= 5.13)."""
+        text = (
+            f"some avg10={some:.2f} avg60=0.00 avg300=0.00 total=98765\n"
+            "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+        )
+        return str(self.write("proc/pressure/cpu", text, newline=False))
+
+    def proc_stat(self, busy: int, idle: int, cpus: int = 2, running: int = 1) -> str:
+        """proc/stat with `busy` and `idle` ticks summed over `cpus` CPUs (split over user/system and idle/iowait)."""
+        user, system = busy - busy // 4, busy // 4
+        lines = [f"cpu  {user} 0 {system} {idle - 3} 3 0 0 0 0 0"]
+        lines += [f"cpu{n} {user // cpus} 0 {system // cpus} {idle // cpus} 0 0 0 0 0 0" for n in range(cpus)]
+        lines += ["intr 276242 0 0 0", "ctxt 371401", "btime 1796044947", "processes 10113"]
+        lines += [f"procs_running {running}", "procs_blocked 0", "softirq 152308 0 13916 3"]
+        return str(self.write("proc/stat", "\n".join(lines) + "\n", newline=False))
+
+    def process(self, pid: int, utime: int, stime: int = 0, comm: str = "python3 (engine)") -> str:
+        """proc/PID/stat; `comm` may hold spaces and parentheses, as real ones can."""
+        fields = ["S", "1", str(pid), str(pid), "0", "-1", "4194304", "98", "0", "0", "0", str(utime), str(stime)]
+        fields += ["0", "0", "20", "0", "3", "0", "23467", "3133440", "381"]
+        return str(self.write(f"proc/{pid}/stat", f"{pid} ({comm}) {' '.join(fields)}\n", newline=False))
+
     def laptop(self) -> FakeTree:
         """A typical machine: two zones, a coretemp chip, one battery and mains, 4 CPUs, meminfo and PSI."""
         self.thermal_zone(0, "x86_pkg_temp", 52000)
