@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from policies.allocator import Choice
+from policies.contention import ThreadsNote
 from policies.decision import PRIORITY, EngineConfig, State
 from policies.memfit import MIB, Fit
 from policies.readings import Sense
@@ -35,6 +37,8 @@ class Tick:
     engine: EngineObservation | None
     capped: bool
     choice: Choice | None = None  # the power allocator's pick in hot / critical
+    contention: ThreadsNote | None = None  # contention lowered the threads this tick
+    load: Mapping[str, float | None] | None = None  # its readings
 
 
 def _n(x: float) -> str:
@@ -167,6 +171,8 @@ def _rule(k: Tick) -> tuple[str, str]:
             rule = "thermal.untrusted"
         elif k.sense.pressure:
             rule = "memory.pressure"
+        elif k.contention is not None and k.prev is not None and k.config.threads < k.prev.threads:
+            rule, clauses[0] = "cpu.contention", _contention(k.contention)[0]
         elif k.ramping or (k.prev is not None and k.config.threads > k.prev.threads):
             rule = "recover.step"
         elif k.fit is not None and k.fit.bound != "profile" and k.prev is not None and k.config != k.prev:
@@ -178,6 +184,24 @@ def _rule(k: Tick) -> tuple[str, str]:
     return rule, clauses[0]
 
 
+def _threads(n: int) -> str:
+    return f"{n} thread{'s' if n != 1 else ''}"
+
+
+def _contention(note: ThreadsNote) -> list[str]:
+    """The load that capped the threads and/or the measurement that lowered them, as clauses of the reason."""
+    out = []
+    if note.cap is not None:
+        use = "unknown" if note.other_cores is None else f"~{_n(round(note.other_cores, 1))}"
+        psi = "" if note.psi is None else f" (CPU pressure {note.psi:.0f} %)"
+        quiet = "" if note.quiet_s is None else f", quiet for {note.quiet_s:.0f} of {_n(note.dwell_s)} s"
+        out.append(f"other processes use {use} of {note.count} cores{psi}{quiet}")
+    if note.measured is not None:
+        fewer, rate, more, more_rate = note.measured
+        out.append(f"{_threads(fewer)} measured {rate:.0f} tok/s vs {more_rate:.0f} with {more}")
+    return out
+
+
 def explain(k: Tick) -> tuple[str, str, Readings]:
     pol, v = k.policy, k.sense.view
     rule, clause = _rule(k)
@@ -187,6 +211,12 @@ def explain(k: Tick) -> tuple[str, str, Readings]:
         clauses.append(changes)
     if k.choice is not None:
         clauses.append(_allocation(k.choice))
+    if k.contention is not None:
+        why = _contention(k.contention)
+        if rule == "cpu.contention":
+            clauses += why[1:]
+        else:
+            clauses.append(f"{_threads(k.config.threads)} at most: {', '.join(why)}")
     if k.ramping:
         clauses.append(f"threads come back one per {_n(pol.timing.recover_step_s)} s")
     if k.sense.pressure and k.sense.psi is not None:
@@ -232,5 +262,6 @@ def explain(k: Tick) -> tuple[str, str, Readings]:
         "cpu_throttled": k.sense.cpu_throttled,
         "budget_w": None if k.choice is None else round(k.choice.budget_w, 2),
         "freq_ratio": None if k.choice is None else k.choice.freq_ratio,
+        **(k.load or {}),
     }
     return rule, reason, readings

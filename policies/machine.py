@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from policies.allocator import PowerAllocator
+from policies.contention import ThreadFit
 from policies.decision import PRIORITY, Decision, EngineConfig, Hold, KvType, State
 from policies.explain import Tick, explain
 from policies.ladder import ModelLadder
@@ -73,6 +74,7 @@ class Governor:
             State.SUSTAINED: Trigger(act.enter_debounce_s, act.exit_debounce_s),
         }
         self._pressure = Trigger(0.0, mem.psi_exit_debounce_s)  # PSI avg10 is already a 10 s average
+        self._fit_threads = ThreadFit(policy.contention)
         self.state = State.IDLE
         self.entered_t: float | None = None
         self.last: Decision | None = None
@@ -136,6 +138,7 @@ class Governor:
         if prev is not None:
             self.power.observe(prev, snapshot.cpu.freq_ratio, engine, sense.battery, sense.on_power)
         self.power.choice, self._cpus = None, snapshot.cpu.count
+        self._fit_threads.update(snapshot.cpu, engine, prev is not None and prev.max_tokens_per_s is not None, t)
         active = self._in_force(pin, sense, prev, t)
         caps = [h.max_threads for h in live if h.max_threads is not None]
         rate_caps = [h.max_tokens_per_s for h in live if h.max_tokens_per_s is not None]
@@ -143,6 +146,8 @@ class Governor:
         # oversubscribed core slows them all (a 4-thread profile on a 2-core box). Unknown count: no cap.
         cpus = [snapshot.cpu.count] if snapshot.cpu.count else []
         threads = min([lim.threads for lim in active] + caps + cpus)
+        # ... and none on cores other processes hold, unless fewer measured faster (policies/contention.py).
+        threads, contention = self._fit_threads.limit(threads, t)
         rates = [lim.rate for lim in active if lim.rate is not None] + rate_caps
         rate = min(rates) if rates else None
         threads, rate = self._recover(threads, rate, prev, t)
@@ -158,6 +163,7 @@ class Governor:
             t=t, policy=self.policy, sense=sense, previous_state=previous_state, state=self.state, label=label,
             desired=desired, held_for_s=held_for, prev=prev, config=config, pi_u=self._pi_u, fit=fitted,
             ramping=self._ramping, engine=engine, capped=bool(caps or rate_caps), choice=self.power.choice,
+            contention=contention, load=self._fit_threads.readings(),
         )  # fmt: skip
         self._calm = self._is_calm(sense, engine, label)
         rule, reason, readings = explain(tick)
@@ -292,7 +298,7 @@ class Governor:
 
     def interval_s(self, decision: Decision) -> float:
         timing = self.policy.timing
-        pending = self._ramping or any(trig.pending for trig in self.triggers.values())
+        pending = self._ramping or self._fit_threads.pending or any(trig.pending for trig in self.triggers.values())
         if decision.state in MITIGATING or pending:
             return timing.mitigating_interval_s
         if self._calm and decision is self.last:

@@ -204,6 +204,26 @@ class EngineOptions(StrictModel):
     keep_alive_s: Seconds = Field(default=300.0, le=1e7)
 
 
+class Contention(StrictModel):
+    """Threads that fit the cores other processes leave free (llama.cpp's threads wait for each other at every
+    step, so one whose core is taken stalls them all), confirmed or corrected by the measured decode speed."""
+
+    enabled: bool = True
+    take_fraction: Fraction = 0.5  # another process's use of this much of a core counts as a taken core
+    release_fraction: Fraction = 0.25  # and is given back once the use falls below this (hysteresis)
+    enter_debounce_s: Seconds = 1.0  # taken this long before threads drop
+    dwell_s: Seconds = 15.0  # free this long (continuously) before threads come back
+    measure_margin: float = Field(default=0.15, ge=0, le=10)  # fewer threads win when this much faster
+    measure_max_age_s: PositiveSeconds = 120.0  # a measurement older than this is forgotten (and re-measured)
+    measure_settle_s: Seconds = 2.5  # the engine's tokens/s window must have seen only the current threads
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> Contention:
+        if self.release_fraction >= self.take_fraction:
+            raise ValueError("release_fraction must be below take_fraction (hysteresis)")
+        return self
+
+
 class Policy(StrictModel):
     name: str = Field(default="custom", max_length=200)
     description: str = Field(default="", max_length=10_000)
@@ -215,6 +235,7 @@ class Policy(StrictModel):
     memory: Memory = Memory()
     power: Power = Power()
     engine: EngineOptions = EngineOptions()
+    contention: Contention = Contention()
     states: dict[Annotated[State, Strict(False)], Profile]  # TOML keys are strings; State validates them
 
     @field_validator("states")
