@@ -120,7 +120,6 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
     load_decider = policy_loader(ladder, lpath, freq.ratios(), config.device_model)
     inner = load_decider(config.policy)  # a bad policy at start is an error; on reload the last good one is kept
 
-    sensors = make_sampler(config.root, environ=env)
     state = DaemonState()
     client = EngineClient(config.engine_child_socket, timeout_s=2.0)  # the daemon's own link skips the proxy;
     # a hung engine must not stall the loop for long
@@ -182,6 +181,8 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
         on_change=engine_changed,
         probe=probe,
     )
+    # The engine child's own CPU time is not "another process" (policies/contention.py).
+    sensors = make_sampler(config.root, environ=env, engine_pid=lambda: supervisor.pid)
     decider = SupervisedDecider(inner, supervisor)
     engine = SupervisedEngine(client, supervisor, watch)
     loop = GovernorLoop(sensors, decider, engine, clock, holds=holds.in_force, listeners=[freq.on_tick])

@@ -206,7 +206,12 @@ class EngineClient:
             self._log.warning("engine status unavailable", error=str(exc))
             return None
         return EngineObservation(
-            busy=s.busy, tokens_per_s=s.tokens_per_s, model=s.model, rss_bytes=s.rss_bytes, loaded=s.loaded
+            busy=s.busy,
+            tokens_per_s=s.tokens_per_s,
+            model=s.model,
+            rss_bytes=s.rss_bytes,
+            loaded=s.loaded,
+            threads=s.threads,
         )
 
     def apply(self, config: EngineConfig) -> None:
