@@ -119,6 +119,10 @@ class EngineSpec(Spec):
     restart_s: float = Field(default=2.0, ge=0)  # process start after an OOM kill, before the load
     overhead_mb: float = Field(default=150.0, ge=0)  # the process itself: runtime, libraries, buffers
     n_batch: int = Field(default=512, ge=1)
+    # Speed per core share when the engine's threads and other processes want more cores than there are: llama.cpp's
+    # threads wait for each other at every step, so a descheduled one stalls them all. 2 cores, 2 threads beside one
+    # CPU hog: 25 tok/s measured where a fair 2/3 share of the 78 alone would give 52 (docs/lab.md).
+    barrier_efficiency: float = Field(default=0.48, gt=0, le=1)
     model: tuple[ModelSpec, ...] = Field(min_length=1)
 
     def tier(self, name: str) -> ModelSpec:

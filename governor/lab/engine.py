@@ -7,6 +7,9 @@ Decode speed per token (documented in docs/lab.md):
     bandwidth-limited r_b = bandwidth / (weights + kv_bytes_per_token · context)   (all weights and the KV are read)
     decode rate       r   = min(r_c, r_b, rate cap);  the cap idles the cores for the rest (duty r / min(r_c, r_b))
     prefill rate      threads · (f/f_max) · prefill_thread_tok_s                    (compute-bound)
+    contention        threads + background > cores: every runnable thread gets a share q = cores / (threads +
+                      background) and the barrier at every graph step costs more: decode and prefill rates * q · e,
+                      e = barrier_efficiency (0.48, calibrated on 2 cores: 2 threads beside a hog 25 tok/s, alone 78)
 """
 
 from __future__ import annotations
@@ -143,8 +146,16 @@ class EngineSim:
         if self.answer_left < request.answer_tokens:
             self.stats.truncated += 1
 
-    def step(self, t: float, h: float, freq_ratio: float) -> tuple[float, float]:  # noqa: PLR0915 (hot path)
-        """Run for h seconds at the given CPU frequency; returns the mean busy (big, little) cores in the step."""
+    def share(self, background: float) -> float:
+        """Each engine thread's share of a core while it runs beside `background` cores' worth of other work."""
+        runnable = self._big + self._little + background
+        return 1.0 if runnable <= self.cpu.cores else self.cpu.cores / runnable
+
+    def step(  # noqa: PLR0915 (hot path)
+        self, t: float, h: float, freq_ratio: float, background: float = 0.0
+    ) -> tuple[float, float]:
+        """Run for h seconds at the given CPU frequency beside `background` cores of other work; returns the mean
+        busy (big, little) cores in the step."""
         if self.config is None or self.tier is None:
             return 0.0, 0.0
         if not self.loaded:
@@ -152,7 +163,9 @@ class EngineSim:
                 return 0.0, 0.0
             self.loaded = True
         cfg, tier = self.config, self.tier
-        compute = self._speed * freq_ratio
+        share = self.share(background)
+        slowdown = 1.0 if share >= 1.0 else share * self.spec.barrier_efficiency
+        compute = self._speed * freq_ratio * slowdown
         kv_per_tok, weights = self._kv_per_tok, self._weights
         now = max(t, self.ready_s)
         end = t + h
@@ -176,7 +189,8 @@ class EngineSim:
                 if self.prefill_left <= 1e-9:
                     self.prefill_left = 0.0
                 continue
-            limit = min(compute * tier.thread_tok_s, self.spec.bandwidth_gb_s * 1e9 / (weights + kv_per_tok * self.ctx))
+            bandwidth = self.spec.bandwidth_gb_s * 1e9 / (weights + kv_per_tok * self.ctx)
+            limit = min(compute * tier.thread_tok_s, bandwidth * slowdown)
             rate = min(limit, cfg.max_tokens_per_s) if cfg.max_tokens_per_s else limit
             spent = min(left, self.answer_left / rate)
             done = rate * spent
@@ -197,7 +211,7 @@ class EngineSim:
                 self.stats.answers += 1
                 self.current = None
                 self.finished.append(now)
-        duty = busy / h
+        duty = busy / h * share  # a descheduled thread is not running (spinning at the barrier counts as running)
         return self._big * duty, self._little * duty
 
     def take_rate(self) -> float | None:

@@ -52,12 +52,27 @@ class EventSpec(Spec):
     ambient_c: float | None = None  # the room (or the pocket) gets warmer or cooler
 
 
+class BackgroundLoad(Spec):
+    """Other processes keeping `cores` cores' worth of CPU busy from `from_s` to `to_s` (a backup, a compile)."""
+
+    cores: float = Field(gt=0, le=256)
+    from_s: float = Field(ge=0)
+    to_s: float
+
+    @model_validator(mode="after")
+    def _span(self) -> BackgroundLoad:
+        if self.to_s <= self.from_s:
+            raise ValueError(f"to_s ({self.to_s}) must be after from_s ({self.from_s})")
+        return self
+
+
 class WorkloadSpec(Spec):
     name: str = Field(min_length=1)
     description: str = ""
     seed: int = 1
     phase: tuple[PhaseSpec, ...] = Field(min_length=1)
     event: tuple[EventSpec, ...] = ()
+    background_load: tuple[BackgroundLoad, ...] = ()
 
     @property
     def duration_s(self) -> float:
@@ -140,6 +155,10 @@ class Driver:
         phase = self.spec.phase[self._phase]
         self._waiting = False
         self._next_s = t + float(self._rngs[self._phase].uniform(*phase.think_s))
+
+    def background_cores(self, t: float) -> float:
+        """The CPU other processes want at `t` (cores' worth)."""
+        return sum(b.cores for b in self.spec.background_load if b.from_s <= t < b.to_s)
 
     def events(self, t: float) -> list[EventSpec]:
         out = []

@@ -56,7 +56,9 @@ class World:
         self._steps = 0
         self.power_w = device.power.idle_w
         self.user_cap = 1.0  # scaling_max_freq / cpuinfo_max_freq as the governor set it
-        self.busy_cores = 0.0
+        self.busy_cores = 0.0  # the engine's
+        self.other_cores = 0.0  # what background loads got
+        self.cpu_psi = 0.0
         # running figures for the summary
         self.peak_limit_c = self.peak_die_c = self.zone_temp(self.limit_index)
         self.sum_limit_c_s = 0.0
@@ -111,13 +113,19 @@ class World:
         if engine.loaded and engine.footprint_bytes() > self.total_bytes - self.other_apps_bytes:
             engine.oom_kill(t)
         freq = self.freq_ratio
-        big, little = engine.step(t, h, freq)
+        background = self.driver.background_cores(t)
+        running = engine.busy()
+        big, little = engine.step(t, h, freq, background if running else 0.0)
         for end in engine.finished:
             self.driver.answered(end)
         engine.finished.clear()
-        p = self.device.power
+        p, cores = self.device.power, self.device.cpu.cores
         self.busy_cores = big + little
-        dynamic = p.thread_w * big + self.device.cpu.little_thread_w * little
+        # Others get what they want unless the engine's threads compete for the cores: then a fair share each.
+        self.other_cores = min(background, cores) * (engine.share(background) if running else 1.0)
+        threads = engine.config.threads if running and engine.config is not None else 0
+        self.cpu_psi = 100.0 * min(1.0, max(0.0, min(threads, cores) + background - cores) / cores)
+        dynamic = p.thread_w * (big + self.other_cores) + self.device.cpu.little_thread_w * little
         self.power_w = p.idle_w + dynamic * freq**p.freq_exponent
         self.thermal.step(self.power_w, h)
         if self.device.battery is not None:
@@ -181,7 +189,10 @@ class World:
                 freq_ratio=self.freq_ratio,
                 throttled=self.kernel.state > 0,
                 count=cpu.cores,
-                util_percent=100 * self.busy_cores / cpu.cores,
+                util_percent=100 * (self.busy_cores + self.other_cores) / cpu.cores,
+                other_cores=round(self.other_cores, 3),
+                engine_cores=round(self.busy_cores, 3),
+                psi_some_avg10=round(self.cpu_psi, 2),
             ),
         )
 
@@ -215,6 +226,7 @@ class SimulatedEngine:
             tokens_per_s=engine.take_rate(),
             model=engine.config.model,
             rss_bytes=engine.resident_bytes() or None,
+            threads=engine.config.threads,
         )
 
     def apply(self, config: EngineConfig) -> None:
