@@ -190,12 +190,14 @@ class EngineApp:
         def fail(exc: Exception) -> None:
             loop.call_soon_threadsafe(_settle, result, None, exc)
 
-        self.worker.configure(ConfigJob(change, done, fail))
+        job = ConfigJob(change, done, fail)
+        self.worker.configure(job)
         try:
             settings, applied, seconds = await result
         except ConfigRefused as exc:
             return error(exc.status, exc.message, param=exc.param, code=exc.code)
-        return JSONResponse({"config": settings.as_dict(), "applied": applied, "seconds": round(seconds, 4)})
+        body = {"config": settings.as_dict(), "applied": applied, "seconds": round(seconds, 4)}
+        return JSONResponse(body | {"tokens_waited": job.tokens_waited})
 
     async def chat(self, request: Request) -> Response:
         try:

@@ -33,6 +33,8 @@ class ConfigJob:
     change: ConfigChange
     done: Callable[[Settings, Applied, float], None]
     fail: Callable[[Exception], None]
+    tokens_at: int = 0  # tokens generated when the change arrived
+    tokens_waited: int = 0  # tokens generated between its arrival and its application (0 or 1: the one in flight)
 
 
 @dataclass

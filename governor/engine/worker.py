@@ -77,6 +77,7 @@ class Worker:
         if self._stopping:
             cj.fail(ConfigRefused("the engine is shutting down", param=None, code="engine_stopping", status=503))
             return
+        cj.tokens_at = self.counters.tokens_generated_total
         with self._lock:
             self._pending.append(cj)
         self._wake.set()
@@ -309,6 +310,7 @@ class Worker:
             pending, self._pending = self._pending, []
         for cj in pending:
             t0 = time.perf_counter()
+            cj.tokens_waited = self.counters.tokens_generated_total - cj.tokens_at
             try:
                 target = resolve(self.settings, cj.change, self.models)
             except ConfigRefused as exc:

@@ -55,12 +55,13 @@ class Chunked:
 
 
 class Engine:
-    def __init__(self, directory: Path, *args: str) -> None:
+    def __init__(self, directory: Path, *args: str, wrap: tuple[str, ...] = ()) -> None:
+        """`wrap` goes before the command, e.g. ("taskset", "-c", "0") to pin the engine to one CPU."""
         self.socket = directory / "engine.sock"
         self.log_path = directory / "engine.log"
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "governor", "engine", "--socket", str(self.socket), *args],
+                [*wrap, sys.executable, "-m", "governor", "engine", "--socket", str(self.socket), *args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
