@@ -196,7 +196,7 @@ def test_apply_posts_the_whole_decision_and_satisfies_the_loops_engine_control(
         observed = control.observe()
 
     assert engine.posted == [config.model_dump()]
-    assert observed == EngineObservation(busy=False, tokens_per_s=12.5, model="small", rss_bytes=123456789, threads=2)
+    assert observed == EngineObservation(busy=False, tokens_per_s=12.5, model="small", rss_bytes=123456789, threads=1)
 
 
 def test_observe_is_none_while_the_engine_answers_an_error(
