@@ -53,7 +53,8 @@ class ThreadFit:
 
     @property
     def pending(self) -> bool:
-        return self._want_since is not None
+        """A core is about to count as taken: tick fast. (Giving one back waits a long dwell: no need.)"""
+        return self._want_since is not None and not self._falling
 
     def update(self, cpu: Cpu, engine: EngineObservation | None, rate_capped: bool, t: float) -> None:
         self._cpu = cpu
