@@ -33,7 +33,12 @@ class StatusSource(Protocol):
 
 def observation(status: EngineStatus) -> EngineObservation:
     return EngineObservation(
-        busy=status.busy, tokens_per_s=status.tokens_per_s, model=status.model, rss_bytes=status.rss_bytes
+        busy=status.busy,
+        tokens_per_s=status.tokens_per_s,
+        model=status.model,
+        rss_bytes=status.rss_bytes,
+        loaded=status.loaded,
+        threads=status.threads,  # what tokens_per_s was measured at (policies/contention.py)
     )
 
 
