@@ -309,6 +309,28 @@ class ProxyApp:
         return self.gate.availability().retry_after_s or 1
 
 
+class _QuietServer(uvicorn.Server):
+    """uvicorn's main loop wakes every 0.1 s to look at `should_exit`: ten wake-ups a second of an idle daemon
+    (issue 16). This one sleeps until `stop()` (any thread) wakes it."""
+
+    _loop: asyncio.AbstractEventLoop | None = None
+    _exit: asyncio.Event | None = None
+
+    async def main_loop(self) -> None:
+        self._exit = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        if await self.on_tick(0):  # the default headers, once; True when stop() came first
+            return
+        await self._exit.wait()
+
+    def stop(self) -> None:
+        self.should_exit = True
+        loop, event = self._loop, self._exit
+        if loop is not None and event is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has already closed
+                loop.call_soon_threadsafe(event.set)
+
+
 class ProxyServer:
     """The public socket, bound at once (so a bad path is a one-line error at start), served on its own thread."""
 
@@ -347,7 +369,7 @@ class ProxyServer:
             date_header=False,
             timeout_graceful_shutdown=drain_s,  # then uvicorn cancels what still runs
         )
-        self._server = uvicorn.Server(config)
+        self._server = _QuietServer(config)
         self._thread = threading.Thread(target=self._serve, name="engine-proxy", daemon=True)
 
     def _serve(self) -> None:
@@ -358,7 +380,7 @@ class ProxyServer:
 
     def stop_accepting(self) -> None:
         """uvicorn closes the listener, then lets running answers finish (up to drain_s) while the engine drains."""
-        self._server.should_exit = True
+        self._server.stop()
         with contextlib.suppress(OSError):
             if os.stat(self.path).st_ino == self._inode:
                 self.path.unlink()
