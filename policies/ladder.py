@@ -3,6 +3,8 @@
 A TOML file shared by the engine (`governor engine --models`), the policy core (memory fit, model tier) and the
 daemon. Paths are relative to the ladder file.
 
+    extra_buffers = "auto"  # llama.cpp's AMX / weight-repack buffers: auto (off only on AMX CPUs), on, off
+
     [[tier]]
     name = "large"
     path = "demo-large.gguf"
@@ -13,11 +15,15 @@ daemon. Paths are relative to the ladder file.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from policies.decision import KvType
 from policies.loader import TomlFileError, load_toml_model
+
+# llama_model_params.use_extra_bufts: "auto" is off only where the CPU reports AMX (governor.engine.extra_buffers).
+ExtraBuffersMode = Literal["auto", "on", "off"]
 
 
 class LadderError(TomlFileError):
@@ -37,6 +43,7 @@ class ModelTier(BaseModel):
 class ModelLadder(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    extra_buffers: ExtraBuffersMode = "auto"
     tier: tuple[ModelTier, ...] = Field(min_length=1)
 
     @model_validator(mode="after")

@@ -138,6 +138,8 @@ class EngineApp:
             "last_load_s": None if w.slot.last_load_s is None else round(w.slot.last_load_s, 3),
             "loads_total": w.slot.loads_total,
             "unloads_total": w.slot.unloads_total,
+            "extra_buffers": w.extra_buffers.as_dict(),
+            "weight_buffers_mib": w.slot.weight_buffers_mib,
             "busy": w.busy,
             "tokens_per_s": round(w.tokens_per_s(), 3),
             "decode_tokens_per_s": None if w.decode_tokens_per_s is None else round(w.decode_tokens_per_s, 3),

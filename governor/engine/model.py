@@ -7,6 +7,8 @@ import ctypes
 import ctypes.util
 import functools
 import gc
+import re
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -28,8 +30,15 @@ class _Llama(llama_cpp.Llama):
 
     replay: Sequence[int] = ()
 
-    def __init__(self, *args: Any, on_progress: Callable[[float], None] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        on_progress: Callable[[float], None] | None = None,
+        extra_buffers: bool = True,
+        **kwargs: Any,
+    ) -> None:
         self._on_progress = on_progress
+        self._extra_buffers = extra_buffers
         super().__init__(*args, **kwargs)
 
     # `Llama` takes no progress callback (llama-cpp-python 0.3.36; upstream PR #2340 adds one). Its __init__ assigns
@@ -38,8 +47,11 @@ class _Llama(llama_cpp.Llama):
     def model_params(self) -> Any:
         return self._model_params
 
+    # The same way, `use_extra_bufts` (no `Llama` argument either; see governor.engine.extra_buffers): llama.cpp's
+    # default is true.
     @model_params.setter
     def model_params(self, params: Any) -> None:
+        params.use_extra_bufts = self._extra_buffers
         on_progress = self._on_progress
         if on_progress is not None:
 
@@ -63,23 +75,31 @@ class LoadedModel:
     """Owns a `llama_cpp.Llama`; only the worker thread calls it once the engine runs."""
 
     def __init__(
-        self, spec: ModelSpec, settings: Settings, *, on_progress: Callable[[float], None] | None = None
+        self,
+        spec: ModelSpec,
+        settings: Settings,
+        *,
+        on_progress: Callable[[float], None] | None = None,
+        extra_buffers: bool = True,
     ) -> None:
         self.spec = spec
         self.n_ctx = settings.n_ctx
         self.kv_type = settings.kv_type
+        self.weight_buffers_mib: dict[str, float] = {}  # where llama.cpp put the weights: AMX, CPU_REPACK, CPU...
         try:
-            self.llm = _Llama(
-                model_path=str(spec.path),
-                n_ctx=settings.n_ctx,
-                n_threads=settings.threads,
-                n_threads_batch=settings.threads,
-                type_k=GGML_TYPE[settings.kv_type],
-                type_v=GGML_TYPE[settings.kv_type],
-                flash_attn=spec.flash_attn,
-                verbose=False,
-                on_progress=on_progress,
-            )
+            with _weight_buffers(self.weight_buffers_mib):
+                self.llm = _Llama(
+                    model_path=str(spec.path),
+                    n_ctx=settings.n_ctx,
+                    n_threads=settings.threads,
+                    n_threads_batch=settings.threads,
+                    type_k=GGML_TYPE[settings.kv_type],
+                    type_v=GGML_TYPE[settings.kv_type],
+                    flash_attn=spec.flash_attn,
+                    verbose=False,
+                    on_progress=on_progress,
+                    extra_buffers=extra_buffers,
+                )
         except (ValueError, RuntimeError) as exc:
             raise ModelLoadError(f"cannot load {spec.path} with {settings.as_dict()}: {exc}") from exc
         self.threads = settings.threads
@@ -190,6 +210,34 @@ class LoadedModel:
         del self.llm
         gc.collect()
         _malloc_trim()
+
+
+_LOG_LOCK = threading.Lock()  # llama.cpp's log callback is process-wide
+
+
+_BUFFER_LINE = re.compile(rb"(\S+) model buffer size =\s*([0-9.]+) MiB")
+
+
+@contextlib.contextmanager
+def _weight_buffers(found: dict[str, float]) -> Iterator[None]:
+    """Collect llama.cpp's "<buffer type> model buffer size = N MiB" load lines into `found`: the buffer types the
+    weights really went to, as llama.cpp reports them (AMX or CPU_REPACK only with extra buffers on)."""
+    from llama_cpp import _logger
+
+    @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
+    def record(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        m = _BUFFER_LINE.search(text)
+        if m:
+            name = m[1].decode(errors="replace")
+            found[name] = round(found.get(name, 0.0) + float(m[2]), 2)
+        _logger.llama_log_callback(level, text, user_data)  # llama-cpp-python's own handling, unchanged
+
+    with _LOG_LOCK:
+        llama_cpp.llama_log_set(record, ctypes.c_void_p(0))
+        try:
+            yield
+        finally:
+            llama_cpp.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
 
 
 def _malloc_trim() -> None:

@@ -17,7 +17,7 @@ import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 import structlog
 import uvicorn
@@ -35,8 +35,11 @@ from governor.engine.config import (
     models_from_ladder,
     single_model,
 )
+from governor.engine.extra_buffers import ExtraBuffers, choose
 from governor.errors import GovernorError
 from policies.decision import RATE_MAX, RATE_MIN
+from policies.ladder import ExtraBuffersMode
+from sensors.root import Root
 
 if TYPE_CHECKING:
     from governor.engine.feed import StatusFeed
@@ -93,6 +96,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="SECONDS",
         help="how long a request may wait on a model load before it gets 503 with Retry-After (default 60)",
     )
+    p.add_argument(
+        "--extra-buffers",
+        choices=get_args(ExtraBuffersMode),
+        help="llama.cpp's extra weight buffers (AMX, repack): auto = off only where the CPU reports AMX, whose "
+        "llama.cpp path crashes (default: the ladder's extra_buffers, else auto)",
+    )
+    p.add_argument("--root", type=Path, default=Path("/"), metavar="DIR", help="read DIR/proc/cpuinfo (default /)")
     p.set_defaults(func=run)
 
 
@@ -136,6 +146,18 @@ def initial(args: argparse.Namespace) -> tuple[dict[str, ModelSpec], Settings]:
         if not (0 <= value <= 1e7):  # also refuses nan and inf
             raise EngineError(f"{flag} {value}: must be between 0 and 10000000 seconds")
     return models, Settings(name, n_ctx, kv, threads, cap)
+
+
+def extra_buffers(args: argparse.Namespace) -> ExtraBuffers:
+    """The flag, else the ladder's `extra_buffers`, else auto; decided against this machine's CPU."""
+    mode: ExtraBuffersMode = "auto"
+    if args.extra_buffers is not None:
+        mode = args.extra_buffers
+    elif args.models is not None:
+        from policies.ladder import load_ladder
+
+        mode = load_ladder(args.models).extra_buffers
+    return choose(mode, Root(args.root))
 
 
 def bind_unix(path: Path, mode: int, group: str | None = None) -> socket.socket:
@@ -201,16 +223,23 @@ def run(args: argparse.Namespace) -> int:
     from governor.engine.worker import Worker
 
     models, settings = initial(args)
+    buffers = extra_buffers(args)
     logs.keep_own_stderr()
     # Everything imported so far lives as long as the process: keep the cyclic garbage collector from walking it
     # (some 80,000 objects: a full collection took 0.2 s, holding the GIL and so the event loop, at every reload).
     gc.collect()
     gc.freeze()
+    log.info("engine.extra_buffers", **buffers.as_dict())
     try:
-        worker = Worker(models, settings, keep_alive_s=args.keep_alive or None)
+        worker = Worker(models, settings, buffers, keep_alive_s=args.keep_alive or None)
     except ModelLoadError as exc:
         raise EngineError(str(exc)) from exc
-    log.info("engine.loaded", **settings.as_dict(), path=str(models[settings.model].path))
+    log.info(
+        "engine.loaded",
+        **settings.as_dict(),
+        path=str(models[settings.model].path),
+        weight_buffers_mib=worker.slot.weight_buffers_mib,
+    )
     fault.maybe_crash("load", settings.model)
     engine = EngineApp(worker, queue_max=args.queue, load_wait_s=args.load_wait)
     sockets = [bind_unix(args.socket, int(args.socket_mode, 8), args.socket_group)]

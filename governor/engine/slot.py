@@ -41,8 +41,10 @@ class LoadProgress:
 
 
 class Slot:
-    def __init__(self, keep_alive_s: float | None) -> None:
+    def __init__(self, keep_alive_s: float | None, *, extra_buffers: bool = True) -> None:
         self.keep_alive_s = keep_alive_s  # None: never unload
+        self.extra_buffers = extra_buffers  # llama_model_params.use_extra_bufts (governor.engine.extra_buffers)
+        self.weight_buffers_mib: dict[str, float] = {}  # the last load's, as llama.cpp reported them
         self.current: LoadedModel | None = None
         self.progress: LoadProgress | None = None
         self.last_used = time.monotonic()
@@ -64,12 +66,13 @@ class Slot:
             progress.fraction = fraction
 
         try:
-            model = LoadedModel(spec, settings, on_progress=on_progress)
+            model = LoadedModel(spec, settings, on_progress=on_progress, extra_buffers=self.extra_buffers)
             if warm:
                 model.warm_up()
         finally:
             self.progress = None
         self.current = model
+        self.weight_buffers_mib = model.weight_buffers_mib
         self.loads_total += 1
         self.last_load_s = time.monotonic() - progress.started
         self.touch()

@@ -20,19 +20,29 @@ import structlog
 
 from governor.engine.chat import room_for_answer
 from governor.engine.config import ConfigRefused, ModelSpec, Settings, resolve
+from governor.engine.extra_buffers import ExtraBuffers, choose
 from governor.engine.jobs import ConfigJob, Counters, Job, Run, usage
 from governor.engine.model import LoadedModel, ModelLoadError
 from governor.engine.prompts import prepare, refit
 from governor.engine.slot import Slot
+from sensors.root import Root
 
 log = structlog.get_logger("governor.engine")
 
 
 class Worker:
-    def __init__(self, models: dict[str, ModelSpec], settings: Settings, *, keep_alive_s: float | None = None) -> None:
+    def __init__(
+        self,
+        models: dict[str, ModelSpec],
+        settings: Settings,
+        extra_buffers: ExtraBuffers | None = None,
+        *,
+        keep_alive_s: float | None = None,
+    ) -> None:
         self.models = models
         self.settings = settings
-        self.slot = Slot(keep_alive_s)
+        self.extra_buffers = extra_buffers or choose("auto", Root("/"))
+        self.slot = Slot(keep_alive_s, extra_buffers=self.extra_buffers.enabled)
         self.slot.load(models[settings.model], settings, why="start", warm=True)
         self.counters = Counters()
         self.busy = False
