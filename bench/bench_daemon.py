@@ -38,7 +38,7 @@ from governor.daemon.state import DaemonState
 from governor.daemon.supervisor import EngineSupervisor, RestartPolicy, SupervisedDecider
 from governor.daemon.watch import EngineWatch
 from governor.engine.client import EngineClient
-from governor.engine.demo import write_demo_models
+from governor.engine.demo import RANDOM_DIR, write_demo_models
 from governor.loop import GovernorLoop
 from policies import Governor, load_policy
 from policies.assemble import load_footprints
@@ -185,7 +185,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="gvb", dir="/tmp"))
     try:
         tree = FakeTree(work / "root").laptop()
-        ladder_path = write_demo_models(REPO / "demo-models")
+        ladder_path = write_demo_models(REPO / RANDOM_DIR)
         with engine_process(ladder_path, work) as client:
             ms = per_tick(tree.root, ladder_path, args.ticks, client)
         print(f"daemon CPU per tick over {args.ticks} ticks (median of 5 rounds; shared 2-core machine, noisy):")

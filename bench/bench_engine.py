@@ -409,7 +409,7 @@ def main() -> int:
     parser.add_argument("--only", choices=["decode", "reconfig", "memory"], help="run one part")
     args = parser.parse_args()
     print("Figures are medians of interleaved runs on a shared machine: noisy, compare the ratios, not the speeds.")
-    ladder = demo.write_demo_models(Path(os.environ.get("GOVERNOR_DEMO_DIR") or ROOT / "demo-models"))
+    ladder = demo.write_demo_models(Path(os.environ.get("GOVERNOR_DEMO_DIR") or ROOT / demo.RANDOM_DIR))
     with tempfile.TemporaryDirectory(prefix="bench-engine-") as d:
         tmp = Path(d)
         big_ladder = None

@@ -44,7 +44,7 @@ def ladder_path(config: DaemonConfig) -> Path:
     if config.models is not None:
         return config.models
     directory = config.state_dir / "demo-models"
-    structlog.get_logger("governor.daemon").info("using the demo models (random weights)", dir=str(directory))
+    structlog.get_logger("governor.daemon").info("using the demo models (SmolLM2-135M-Instruct)", dir=str(directory))
     # A child writes them (only when missing or stale), so gguf and numpy never load into the daemon.
     argv = [sys.executable, "-m", "governor", "demo-models", "--dir", str(directory)]
     done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)

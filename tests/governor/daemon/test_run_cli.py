@@ -38,9 +38,9 @@ def test_a_typo_in_the_config_file_is_one_line(tmp_path: Path) -> None:
     assert done.stderr.strip() == f"governor: error: {config}:1: polcy: Extra inputs are not permitted"
 
 
-def test_without_models_the_demo_ladder_is_used(tmp_path: Path, demo_ladder: Path) -> None:
+def test_without_models_the_demo_ladder_is_used(tmp_path: Path, real_ladder: Path) -> None:
     (tmp_path / "state").mkdir()
-    (tmp_path / "state" / "demo-models").symlink_to(demo_ladder.parent)  # already written: the child only checks
+    (tmp_path / "state" / "demo-models").symlink_to(real_ladder.parent)  # already written: the child only checks
     config = load_config(None, {"state_dir": tmp_path / "state"}, env={}, euid=1000)
     assert config.models is None
     path = ladder_path(config)

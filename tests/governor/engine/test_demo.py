@@ -8,13 +8,11 @@ import sys
 from pathlib import Path
 
 import gguf
-import llama_cpp
 import pytest
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from governor.cli import main
 from governor.engine import demo
 from policies.ladder import load_ladder
+from tests.native import in_child
 
 GGML_TYPE_Q8_0 = 8
 
@@ -54,9 +52,16 @@ def test_parameter_counts_are_about_5m_40m_150m() -> None:
     assert 140 <= counts["large"] <= 160
 
 
-@pytest.mark.parametrize("tier", ["large", "medium", "small"])
-def test_model_generates_with_a_q8_0_kv_cache_and_flash_attention(demo_ladder: Path, tier: str) -> None:
-    path = load_ladder(demo_ladder).get(tier).path
+def demo_models(*args: str) -> subprocess.CompletedProcess[str]:
+    """`governor demo-models ARGS` in a child (writing quantizes with llama.cpp)."""
+    cmd = [sys.executable, "-m", "governor", "demo-models", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+
+
+def generates_with_a_q8_0_kv_cache(path: Path) -> None:
+    """In the child."""
+    import llama_cpp
+
     llm = llama_cpp.Llama(
         model_path=str(path),
         n_ctx=256,
@@ -77,8 +82,16 @@ def test_model_generates_with_a_q8_0_kv_cache_and_flash_attention(demo_ladder: P
         llm.close()
 
 
-def test_chat_template_renders_chatml_with_special_tokens(demo_ladder: Path) -> None:
-    path = load_ladder(demo_ladder).get("small").path
+@pytest.mark.parametrize("tier", ["large", "medium", "small"])
+def test_model_generates_with_a_q8_0_kv_cache_and_flash_attention(demo_ladder: Path, tier: str) -> None:
+    in_child(generates_with_a_q8_0_kv_cache, load_ladder(demo_ladder).get(tier).path)
+
+
+def renders_chatml_with_special_tokens(path: Path) -> None:
+    """In the child."""
+    import llama_cpp
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=128, n_threads=1, verbose=False)
     try:
         fmt = Jinja2ChatFormatter(llm.metadata["tokenizer.chat_template"], eos_token="<|im_end|>", bos_token="<s>")
@@ -91,30 +104,39 @@ def test_chat_template_renders_chatml_with_special_tokens(demo_ladder: Path) -> 
         llm.close()
 
 
+def test_chat_template_renders_chatml_with_special_tokens(demo_ladder: Path) -> None:
+    in_child(renders_chatml_with_special_tokens, load_ladder(demo_ladder).get("small").path)
+
+
 def test_files_are_the_same_every_time(demo_ladder: Path, tmp_path: Path) -> None:
-    small = next(m for m in demo.DEMO_MODELS if m.tier == "small")
+    small = next(m for m in demo.DEMO_MODELS if m.tier == "small")  # F16: written without llama.cpp
     demo.write_model(small, tmp_path / small.filename)
     assert sha256(tmp_path / small.filename) == sha256(demo_ladder.parent / small.filename)
 
 
-def test_a_second_run_does_nothing_and_says_so(demo_ladder: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    before = {p.name: p.stat().st_mtime_ns for p in demo_ladder.parent.iterdir()}
+@pytest.mark.parametrize(("flags", "says"), [(["--random"], "gibberish"), ([], "SmolLM2-135M-Instruct")])
+def test_a_second_run_does_nothing_and_says_so(
+    demo_ladder: Path, real_ladder: Path, flags: list[str], says: str
+) -> None:
+    directory = (demo_ladder if flags else real_ladder).parent
+    before = {p.name: p.stat().st_mtime_ns for p in directory.iterdir()}
 
-    assert main(["demo-models", "--dir", str(demo_ladder.parent)]) == 0
+    done = demo_models(*flags, "--dir", str(directory))
 
-    out = capsys.readouterr().out
-    assert "already there" in out
-    assert "gibberish" in out
-    assert {p.name: p.stat().st_mtime_ns for p in demo_ladder.parent.iterdir()} == before
+    assert done.returncode == 0, done.stderr
+    assert "already there" in done.stdout
+    assert says in done.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in directory.iterdir()} == before
 
 
-def test_an_unwritable_directory_is_one_clear_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unwritable_directory_is_one_clear_line(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
 
-    assert main(["demo-models", "--dir", str(blocker / "models")]) == 2
+    done = demo_models("--random", "--dir", str(blocker / "models"))
 
-    err = capsys.readouterr().err.strip()
+    assert done.returncode == 2
+    err = done.stderr.strip()
     assert err.startswith(f"governor: error: demo models in {blocker / 'models'}: cannot create the directory")
     assert "\n" not in err
 
@@ -126,7 +148,7 @@ def test_concurrent_writers_replace_an_older_generation(demo_ladder: Path, tmp_p
     (target / demo.STAMP_NAME).write_text("governor demo-models generator 0\n")
     (target / demo.LADDER_NAME).write_text("stale")
     (target / "mine.txt").write_text("a user's file")
-    cmd = [sys.executable, "-m", "governor", "demo-models", "--dir", str(target)]
+    cmd = [sys.executable, "-m", "governor", "demo-models", "--random", "--dir", str(target)]
 
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     results = [p.communicate(timeout=240) for p in procs]

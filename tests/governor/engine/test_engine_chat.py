@@ -1,25 +1,44 @@
-"""Prompt fitting, stop sequences and request validation, in-process on the small demo model."""
+"""Prompt fitting, stop sequences and request validation; the model's tokenizer and template on the small demo model,
+loaded in a child process (tests/native.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from pydantic import ValidationError
 
 from governor.engine.chat import ChatRequest, PromptTooLong, TextStream, fit
 from governor.engine.config import ConfigChange, ConfigRefused, Settings, models_from_ladder, resolve
-from governor.engine.model import LoadedModel
 from policies.ladder import load_ladder
+from tests.native import in_child
+
+if TYPE_CHECKING:
+    from governor.engine.model import LoadedModel
 
 
-@pytest.fixture(scope="module")
-def small(demo_ladder: Path) -> Iterator[LoadedModel]:
-    models = models_from_ladder(load_ladder(demo_ladder))
+Check = Callable[["LoadedModel"], None]
+OnSmall = Callable[[Check], None]
+
+
+def with_small(ladder: str, check: Check) -> None:
+    """In the child: `check` on the small demo model with a 256-token context."""
+    from governor.engine.model import LoadedModel
+
+    models = models_from_ladder(load_ladder(Path(ladder)))
     model = LoadedModel(models["small"], Settings("small", 256, "f16", 1, None))
-    yield model
-    model.close()
+    try:
+        check(model)
+    finally:
+        model.close()
+
+
+@pytest.fixture
+def small(demo_ladder: Path) -> OnSmall:
+    """Runs a module-level check function on the small model in a child process."""
+    return lambda check: in_child(with_small, str(demo_ladder), check)
 
 
 def turns(n: int) -> list[dict[str, str]]:
@@ -32,20 +51,28 @@ def turns(n: int) -> list[dict[str, str]]:
     return [*msgs, {"role": "user", "content": "the last question"}]
 
 
-def test_prompt_is_rendered_with_the_models_chat_template(small: LoadedModel) -> None:
+def _prompt_is_rendered_with_the_models_chat_template(small: LoadedModel) -> None:
     text = small.render([{"role": "user", "content": "hi"}])
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     tokens = small.encode(text, prompt=True)
     assert small.llm.tokenize(b"<|im_start|>", add_bos=False, special=True)[0] == tokens[0]
 
 
-def test_fit_keeps_everything_that_fits(small: LoadedModel) -> None:
+def test_prompt_is_rendered_with_the_models_chat_template(small: OnSmall) -> None:
+    small(_prompt_is_rendered_with_the_models_chat_template)
+
+
+def _fit_keeps_everything_that_fits(small: LoadedModel) -> None:
     fitted = fit(small, turns(1), 256, answer_room=16)
     assert fitted.trimmed_messages == 0
     assert fitted.tokens == small.encode(small.render(turns(1)), prompt=True)
 
 
-def test_fit_drops_oldest_whole_turns_keeping_system_and_last(small: LoadedModel) -> None:
+def test_fit_keeps_everything_that_fits(small: OnSmall) -> None:
+    small(_fit_keeps_everything_that_fits)
+
+
+def _fit_drops_oldest_whole_turns_keeping_system_and_last(small: LoadedModel) -> None:
     msgs = turns(10)
     fitted = fit(small, msgs, 256, answer_room=32)
     assert fitted.trimmed_messages > 0
@@ -57,15 +84,27 @@ def test_fit_drops_oldest_whole_turns_keeping_system_and_last(small: LoadedModel
     assert len(small.encode(small.render(one_more), prompt=True)) + 32 > 256  # the most recent turns that fit
 
 
-def test_fit_counts_the_answer_so_far(small: LoadedModel) -> None:
+def test_fit_drops_oldest_whole_turns_keeping_system_and_last(small: OnSmall) -> None:
+    small(_fit_drops_oldest_whole_turns_keeping_system_and_last)
+
+
+def _fit_counts_the_answer_so_far(small: LoadedModel) -> None:
     without = fit(small, turns(4), 256, answer_room=16)
     with_answer = fit(small, turns(4), 256, answer_room=16, answer_so_far="partial answer " * 20)
     assert with_answer.trimmed_messages > without.trimmed_messages
 
 
-def test_a_last_message_that_cannot_fit_is_refused(small: LoadedModel) -> None:
+def test_fit_counts_the_answer_so_far(small: OnSmall) -> None:
+    small(_fit_counts_the_answer_so_far)
+
+
+def _a_last_message_that_cannot_fit_is_refused(small: LoadedModel) -> None:
     with pytest.raises(PromptTooLong, match="context holds 256"):
         fit(small, [{"role": "user", "content": "word " * 300}], 256, answer_room=16)
+
+
+def test_a_last_message_that_cannot_fit_is_refused(small: OnSmall) -> None:
+    small(_a_last_message_that_cannot_fit_is_refused)
 
 
 def test_text_stream_holds_back_a_possible_stop_sequence() -> None:

@@ -6,11 +6,11 @@ import string
 from pathlib import Path
 
 import gguf
-import llama_cpp
 import numpy as np
 import pytest
 
 from governor.engine.config import GGML_TYPE, ConfigRefused, ModelSpec, check_kv, head_dim, head_dim_from_metadata
+from tests.native import in_child
 
 
 def tiny_llama(path: Path, *, n_embd: int, n_head: int) -> Path:
@@ -54,6 +54,8 @@ def tiny_llama(path: Path, *, n_embd: int, n_head: int) -> Path:
 
 
 def builds(path: Path, kv: str, *, flash_attn: bool) -> bool:
+    import llama_cpp
+
     try:
         llm = llama_cpp.Llama(
             str(path), n_ctx=128, verbose=False, type_k=GGML_TYPE[kv], type_v=GGML_TYPE[kv], flash_attn=flash_attn
@@ -64,11 +66,8 @@ def builds(path: Path, kv: str, *, flash_attn: bool) -> bool:
     return True
 
 
-@pytest.mark.parametrize(("n_embd", "n_head"), [(128, 4), (160, 4)])
-@pytest.mark.parametrize("kv", ["f16", "q8_0", "q4_0"])
-@pytest.mark.parametrize("flash_attn", [True, False])
-def test_precheck_matches_llama_cpp(tmp_path: Path, n_embd: int, n_head: int, kv: str, flash_attn: bool) -> None:
-    path = tiny_llama(tmp_path / "m.gguf", n_embd=n_embd, n_head=n_head)
+def precheck_matches_llama_cpp(path: Path, n_embd: int, n_head: int, kv: str, flash_attn: bool) -> None:
+    """In the child: head_dim() reads the file with llama.cpp (vocab_only), and llama.cpp builds the context or not."""
     assert head_dim(path) == n_embd // n_head
     spec = ModelSpec("m", path, None, 128, "f16", flash_attn)
     if builds(path, kv, flash_attn=flash_attn):
@@ -77,6 +76,14 @@ def test_precheck_matches_llama_cpp(tmp_path: Path, n_embd: int, n_head: int, kv
         with pytest.raises(ConfigRefused, match="kv_type") as refused:
             check_kv(spec, kv)
         assert (refused.value.param, refused.value.status) == ("kv_type", 400)
+
+
+@pytest.mark.parametrize(("n_embd", "n_head"), [(128, 4), (160, 4)])
+@pytest.mark.parametrize("kv", ["f16", "q8_0", "q4_0"])
+@pytest.mark.parametrize("flash_attn", [True, False])
+def test_precheck_matches_llama_cpp(tmp_path: Path, n_embd: int, n_head: int, kv: str, flash_attn: bool) -> None:
+    path = tiny_llama(tmp_path / "m.gguf", n_embd=n_embd, n_head=n_head)
+    in_child(precheck_matches_llama_cpp, path, n_embd, n_head, kv, flash_attn)
 
 
 @pytest.mark.parametrize(
