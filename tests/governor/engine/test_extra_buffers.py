@@ -10,6 +10,7 @@ import pytest
 from governor.engine.extra_buffers import choose, cpu_flags
 from policies.ladder import LadderError, load_ladder
 from sensors.root import Root
+from tests.governor.engine.engine_proc import Engine, user
 from tests.native import in_child
 
 # The first processor block of /proc/cpuinfo on an AWS m7i (Sapphire Rapids), shortened, and on this AMD EPYC / a Pi 5.
@@ -120,3 +121,37 @@ def test_off_loads_a_quantized_model_without_extra_buffers_and_decodes(demo_ladd
     if "CPU_REPACK" not in on_buffers:
         pytest.skip(f"this CPU/build repacks nothing (on: {on_buffers}), so on and off cannot differ here")
     assert on_buffers["CPU_REPACK"] > 10
+
+
+@pytest.mark.slow
+def test_an_engine_on_a_fake_amx_cpu_says_why_and_serves_a_q4_0_model(demo_ladder: Path, tmp_path: Path) -> None:
+    root = fake_root(tmp_path, SAPPHIRE_RAPIDS)
+    engine = Engine(
+        tmp_path, "--models", str(demo_ladder), "--tier", "large", "--threads", "1", "--root", str(root.prefix)
+    )
+    try:
+        status = engine.status()
+        assert status["extra_buffers"]["enabled"] is False
+        assert "amx_int8" in status["extra_buffers"]["reason"]
+        assert set(status["weight_buffers_mib"]) == {"CPU_Mapped"}  # llama.cpp's report: no AMX, no CPU_REPACK
+        r = engine.chat(messages=user("the people of the world"), max_tokens=8, temperature=0)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 8
+        [logged] = engine.log_events("engine.extra_buffers")
+        assert logged["enabled"] is False
+        assert logged["reason"] == status["extra_buffers"]["reason"]
+    finally:
+        assert engine.stop() == 0, engine.log()
+
+
+@pytest.mark.slow
+def test_the_flag_beats_the_ladder(demo_ladder: Path, tmp_path: Path) -> None:
+    base = demo_ladder.parent.resolve()
+    ladder = tmp_path / "ladder.toml"
+    ladder.write_text('extra_buffers = "off"\n' + demo_ladder.read_text().replace('path = "', f'path = "{base}/'))
+    engine = Engine(tmp_path, "--models", str(ladder), "--tier", "small", "--threads", "1", "--extra-buffers", "on")
+    try:
+        assert engine.status()["extra_buffers"]["mode"] == "on"
+        assert engine.status()["extra_buffers"]["enabled"] is True
+    finally:
+        assert engine.stop() == 0, engine.log()
