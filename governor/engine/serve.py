@@ -217,13 +217,14 @@ class _Server(uvicorn.Server):
 
 
 def run(args: argparse.Namespace) -> int:
+    # Arguments first: a bad one is an error before llama.cpp is even imported.
+    models, settings = initial(args)
+    buffers = extra_buffers(args)
     from governor.engine import loopwatch
     from governor.engine.app import EngineApp
     from governor.engine.model import ModelLoadError
     from governor.engine.worker import Worker
 
-    models, settings = initial(args)
-    buffers = extra_buffers(args)
     logs.keep_own_stderr()
     # Everything imported so far lives as long as the process: keep the cyclic garbage collector from walking it
     # (some 80,000 objects: a full collection took 0.2 s, holding the GIL and so the event loop, at every reload).

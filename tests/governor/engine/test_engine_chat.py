@@ -138,7 +138,8 @@ def test_request_fields_are_strictly_typed() -> None:
         ChatRequest.model_validate_json('{"model": "m", "messages": [{"role": "user", "content": "a"}], "top_k": "4"}')
 
 
-def test_config_change_resolution(demo_ladder: Path) -> None:
+def config_change_resolution(demo_ladder: Path) -> None:
+    """In the child: a quantized KV type makes `resolve` read the model's head size with llama.cpp."""
     models = models_from_ladder(load_ladder(demo_ladder))
     now = Settings("large", 2048, "f16", 2, 5.0)
     assert resolve(now, ConfigChange.model_validate({"max_tokens_per_s": None}), models).max_tokens_per_s is None
@@ -149,3 +150,7 @@ def test_config_change_resolution(demo_ladder: Path) -> None:
     with pytest.raises(ConfigRefused) as refused:
         resolve(now, ConfigChange.model_validate({"model": "tiny"}), models)
     assert refused.value.status == 404
+
+
+def test_config_change_resolution(demo_ladder: Path) -> None:
+    in_child(config_change_resolution, demo_ladder)

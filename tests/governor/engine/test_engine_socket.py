@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from governor.cli import build_parser, main
+from governor.engine.config import Settings
 from governor.engine.serve import EngineError, bind_unix, initial
+from tests.native import in_child
 
 
 @pytest.mark.parametrize("mode", [0o600, 0o660])
@@ -50,8 +52,14 @@ def parse(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(["engine", "--socket", "/tmp/x.sock", *argv])
 
 
+def initial_of(*argv: str) -> tuple[list[str], Settings]:
+    """In the child: a quantized default KV type makes `initial` check the model's head size with llama.cpp."""
+    models, settings = initial(parse(*argv))
+    return list(models), settings
+
+
 def test_defaults_come_from_the_tier(demo_ladder: Path) -> None:
-    models, settings = initial(parse("--models", str(demo_ladder), "--tier", "small"))
+    models, settings = in_child(initial_of, "--models", str(demo_ladder), "--tier", "small")
     assert set(models) == {"large", "medium", "small"}
     assert (settings.model, settings.n_ctx, settings.kv_type, settings.max_tokens_per_s) == (
         "small",
