@@ -130,16 +130,18 @@ def test_a_trimmed_long_chat_still_gets_a_real_answer(engine: Engine) -> None:
     assert "Paris" in body["choices"][0]["message"]["content"]
 
 
-def story_with_a_change(engine: Engine, change: dict[str, Any], after_chunks: int = 20) -> tuple[str, str]:
+def story_with_a_change(
+    engine: Engine, change: dict[str, Any], *, max_tokens: int = 110, after_chunks: int = 20
+) -> tuple[str, str]:
     """Stream the story (rate-capped, so the change lands mid-answer); apply `change` after `after_chunks` content
     chunks. Returns (the text the client had before the change was sent, the whole answer)."""
     assert engine.config(max_tokens_per_s=25).status_code == 200
-    thread, seen = engine.stream_in_thread(greedy(STORY, 110))
+    thread, seen = engine.stream_in_thread(greedy(STORY, max_tokens))
     eventually(lambda: len(seen.arrivals) >= after_chunks, timeout_s=60)
     before = Chunked(chunks=list(seen.chunks)).text
     r = engine.config(**change)
     assert r.status_code == 200, r.text
-    thread.join(120)
+    thread.join(200)
     assert seen.done, seen.chunks[-1:]
     assert not [c for c in seen.chunks if "error" in c]
     assert seen.finish_reason in ("stop", "length")
@@ -170,9 +172,11 @@ def reference_story(module_engine: Engine) -> str:
 
 
 def test_a_threads_change_mid_answer_gives_exactly_the_same_answer(engine: Engine, reference_story: str) -> None:
-    before, whole = story_with_a_change(engine, {"threads": 2})
+    # Shorter: on a busy 2-core machine two llama.cpp threads can be ten times slower than one.
+    before, whole = story_with_a_change(engine, {"threads": 2}, max_tokens=50)
     assert before
-    assert whole == reference_story
+    assert len(whole) > len(before)
+    assert reference_story.startswith(whole)  # greedy: the same tokens, as far as this shorter answer goes
 
 
 @pytest.mark.parametrize(
