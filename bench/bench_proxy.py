@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.bench_engine import SAMPLING, measure_stream, our_engine, served
+from bench.engine_common import SAMPLING, measure_stream, our_engine, served
 from governor.daemon.proxy import ProxyServer
 from governor.daemon.supervisor import Availability
 from governor.engine import demo
@@ -67,7 +67,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gvp", dir="/tmp") as tmp:
         child, public = Path(tmp) / "e-child.sock", Path(tmp) / "e.sock"
         cmd = our_engine(child, "--models", str(ladder_path), "--tier", tier, "--threads", "2")
-        with served(cmd, child) as direct:
+        with served(cmd, child) as server:
+            direct = server.client
             engine_pid = direct.status().model_extra["pid"]  # type: ignore[index]
             proxy = ProxyServer(public, child, AlwaysReady(), hold_s=5.0, drain_s=5)
             proxy.start()
