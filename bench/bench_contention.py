@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_engine import served
+from bench.engine_common import served
 from governor.daemon.client import ControlClient
 from governor.engine.client import EngineClient
 from policies import load_policy
@@ -177,7 +177,7 @@ def main() -> int:
             cmd = [sys.executable, "-m", "governor", "engine", "--models", str(models), "--socket", str(sock)]
             cmd += ["--threads", str(threads), "--ctx", "2048"]
             label = f"alone {threads}t"
-            sides[label] = stack.enter_context(served(cmd, sock))
+            sides[label] = stack.enter_context(served(cmd, sock)).client
             fixed.append(label)
         control = ControlClient(control_sock)
         print(

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the daemon harness lives in tests/
 
-from bench.bench_engine import llama_cpp_server, llama_cpp_server_env, served
+from bench.engine_common import llama_cpp_server, llama_cpp_server_env, served
 from governor.engine.client import EngineClient
 from governor.engine.demo import write_demo_models
 from policies.ladder import load_ladder
