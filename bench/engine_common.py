@@ -119,12 +119,17 @@ def served(cmd: list[str], sock: Path, env: Mapping[str, str] | None = None) -> 
                 time.sleep(0.1)
             yield Server(client, proc, sock)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes], grace_s: float = 20) -> None:
+    """SIGTERM, then SIGKILL after `grace_s`."""
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _answers(sock: Path) -> bool:
