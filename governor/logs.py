@@ -25,7 +25,9 @@ def configure(*, json: bool | None = None, level: int = logging.INFO, stream: Te
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(out),
+        # One write per line (print() writes the text and its newline separately: the daemon copies its engine's
+        # stderr into the same fd from another thread, and a line could land between them).
+        logger_factory=structlog.WriteLoggerFactory(out),
         cache_logger_on_first_use=False,
     )
 
@@ -44,4 +46,4 @@ def keep_own_stderr() -> None:
     those lines would be lost.
     """
     stream = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1, encoding="utf-8", errors="replace")
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(stream))
+    structlog.configure(logger_factory=structlog.WriteLoggerFactory(stream))
