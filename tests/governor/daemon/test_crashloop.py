@@ -76,7 +76,10 @@ def test_a_crash_at_every_load_backs_off_tries_safer_settings_then_gives_up_and_
             assert err["type"] == "server_error"
             assert err["code"] in ("engine_starting", "engine_unavailable")
 
-            status = eventually(lambda: (s := d.status())["supervisor"]["critical"] and s, timeout_s=90)
+            # The supervisor gives up, then wakes the loop, whose next decision says critical: wait for both.
+            status = eventually(
+                lambda: (s := d.status())["supervisor"]["critical"] and s["state"] == "critical" and s, timeout_s=90
+            )
             critical = status["supervisor"]["critical"]
             assert critical.startswith(f"engine crashes: SIGSEGV during load of tier {large}, 3 times in ")
             assert f"; tried extra buffers off and tier {medium}; last engine stderr: " in critical
