@@ -31,17 +31,6 @@ class StatusSource(Protocol):
     def interrupt_streams(self) -> None: ...
 
 
-def observation(status: EngineStatus) -> EngineObservation:
-    return EngineObservation(
-        busy=status.busy,
-        tokens_per_s=status.tokens_per_s,
-        model=status.model,
-        rss_bytes=status.rss_bytes,
-        loaded=status.loaded,
-        threads=status.threads,  # what tokens_per_s was measured at (policies/contention.py)
-    )
-
-
 class EngineWatch:
     def __init__(
         self,
@@ -102,7 +91,7 @@ class EngineWatch:
             try:
                 for status in self.source.events(heartbeat_s=self.heartbeat_s):
                     self.status = status
-                    self._seen(observation(status))
+                    self._seen(status.observation())
                     delay = RETRY_S[0]
                     if failing is not None:
                         self._log.info("engine status stream connected")

@@ -74,6 +74,17 @@ class EngineStatus(EngineSettings):
     rss_bytes: int | None = None
     loaded: bool | None = None  # None: an engine from before idle unload
 
+    def observation(self) -> EngineObservation:
+        """What the policy sees of the engine."""
+        return EngineObservation(
+            busy=self.busy,
+            tokens_per_s=self.tokens_per_s,
+            model=self.model,
+            rss_bytes=self.rss_bytes,
+            loaded=self.loaded,
+            threads=self.threads,  # what tokens_per_s was measured at (policies/contention.py)
+        )
+
 
 class ConfigResult(_Response):
     """`POST /engine/config`: the settings now in force, how they were applied and how long it took."""
@@ -205,14 +216,7 @@ class EngineClient:
         except EngineError as exc:
             self._log.warning("engine status unavailable", error=str(exc))
             return None
-        return EngineObservation(
-            busy=s.busy,
-            tokens_per_s=s.tokens_per_s,
-            model=s.model,
-            rss_bytes=s.rss_bytes,
-            loaded=s.loaded,
-            threads=s.threads,
-        )
+        return s.observation()
 
     def apply(self, config: EngineConfig) -> None:
         """Post the whole decision; the engine applies live what it can and reloads only for model, n_ctx or kv_type."""
