@@ -1,7 +1,7 @@
 """The daemon's own cost: CPU per loop tick and RSS without the engine (goals: < 2 ms per tick, < 60 MB).
 
 Per tick, with the real parts: SensorSampler on a fake laptop tree (2 zones, a hwmon chip, battery + mains, 4 CPUs,
-meminfo, PSI), the real policy Governor (default policy, the demo ladder's footprints) wrapped by the supervisor's
+meminfo, PSI), the real policy StateMachine (default policy, the demo ladder's footprints) wrapped by the supervisor's
 decider, the daemon's listeners (status/why state, Prometheus metrics, sd_notify off) and a real engine process (the
 demo ladder's small tier) observed as the daemon observes it: the status it pushes on `GET /engine/events`, read by
 an EngineWatch. Beside it, the same tick observing by a `GET /engine/status` round trip per tick (what the daemon did
@@ -40,7 +40,7 @@ from governor.daemon.watch import EngineWatch
 from governor.engine.client import EngineClient
 from governor.engine.demo import RANDOM_DIR, write_demo_models
 from governor.loop import GovernorLoop
-from policies import Governor, load_policy
+from policies import StateMachine, load_policy
 from policies.assemble import load_footprints
 from policies.decision import EngineConfig
 from policies.ladder import load_ladder
@@ -104,7 +104,7 @@ def cpu_ms(func: Callable[[], object], n: int) -> float:
 def per_tick(root: Path, ladder_path: Path, ticks: int, client: EngineClient) -> dict[str, float]:
     ladder = load_ladder(ladder_path)
     footprints = load_footprints(ladder)
-    policy = Governor(load_policy("default"), ladder=ladder, footprints=footprints)
+    policy = StateMachine(load_policy("default"), ladder=ladder, footprints=footprints)
     supervisor = EngineSupervisor(
         command=lambda _cfg, _eb: [],
         ready=lambda _t: True,

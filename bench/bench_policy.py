@@ -1,4 +1,4 @@
-"""Cost of one `Governor.decide()` tick (goal < 0.2 ms), per scenario, with a side-by-side reference.
+"""Cost of one `StateMachine.decide()` tick (goal < 0.2 ms), per scenario, with a side-by-side reference.
 
 Run: .venv/bin/python bench/bench_policy.py [--ticks N]
 The machine is shared (2 cores, several engineers): times are this process's CPU time (time.process_time, which
@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from policies import Governor, load_policy
+from policies import StateMachine, load_policy
 from policies.decision import Decision, EngineConfig
 from policies.ladder import ModelLadder, ModelTier
 from policies.memfit import MIB, ModelFootprint
@@ -65,7 +65,7 @@ def ladder() -> tuple[ModelLadder, dict[str, ModelFootprint]]:
     return ModelLadder(tier=tiers), fps
 
 
-def per_tick_ms(make: Callable[[], Governor], snaps: list[Snapshot], ticks: int) -> float:
+def per_tick_ms(make: Callable[[], StateMachine], snaps: list[Snapshot], ticks: int) -> float:
     rounds = []
     engine = EngineObservation(busy=True, tokens_per_s=20.0)
     for _ in range(5):
@@ -99,11 +99,15 @@ def main() -> int:
     calm = [snapshot(50.0 + (i % 7) * 0.1) for i in range(50)]
     hot = [snapshot(81.0 + (i % 9) * 0.2) for i in range(50)]
     squeezed = [snapshot(60.0, psi=float(i % 30), available_mb=900.0 + 10 * (i % 40)) for i in range(120)]
-    scenarios: list[tuple[str, Callable[[], Governor], list[Snapshot]]] = [
-        ("calm, no ladder (raspberry-pi)", lambda: Governor(pi), calm),
-        ("hot, PI controller (raspberry-pi)", lambda: Governor(pi), hot),
-        ("memory fit + PSI, 2-tier ladder (default)", lambda: Governor(default, ladder=lad, footprints=fps), squeezed),
-        ("hot, power allocator, 12 clock steps x 4 threads (pi)", lambda: Governor(pi, freq_ratios=STEPS), hot),
+    scenarios: list[tuple[str, Callable[[], StateMachine], list[Snapshot]]] = [
+        ("calm, no ladder (raspberry-pi)", lambda: StateMachine(pi), calm),
+        ("hot, PI controller (raspberry-pi)", lambda: StateMachine(pi), hot),
+        (
+            "memory fit + PSI, 2-tier ladder (default)",
+            lambda: StateMachine(default, ladder=lad, footprints=fps),
+            squeezed,
+        ),
+        ("hot, power allocator, 12 clock steps x 4 threads (pi)", lambda: StateMachine(pi, freq_ratios=STEPS), hot),
     ]
     print(
         f"decide() per tick, median of 5 rounds of {args.ticks} ticks; goal < {GOAL_MS} ms (shared 2-core box: noisy)"

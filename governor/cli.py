@@ -6,20 +6,21 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from govbase.errors import GovernorError
 from governor import __version__, logs
-from governor.errors import GovernorError
 
 Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
 
 def _registrars() -> list[Register]:
+    from governor.benchdevice import register as bench_device
     from governor.daemon.cli import register as daemon
     from governor.engine.cli import register as engine
     from governor.lab.cli import register as lab
-    from policies.cli import register as policies
-    from sensors.cli import register as sensors
+    from governor.policies_cli import register as policies
+    from governor.sensors_cli import register as sensors
 
-    return [sensors, policies, engine, daemon, lab]
+    return [sensors, policies, engine, bench_device, daemon, lab]
 
 
 def build_parser(registrars: Sequence[Register] | None = None) -> argparse.ArgumentParser:

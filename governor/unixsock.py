@@ -8,7 +8,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from governor.errors import GovernorError
+from govbase.errors import GovernorError
 
 
 def private_dir_problem(path: Path, euid: int | None = None) -> str | None:

@@ -1,6 +1,6 @@
 """The hot controller's power budget and its allocation, as the kernel's power_allocator divides its budget.
 
-The PI controller (policies/pi.py, the power_allocator law) outputs u in [0, 1]: the share of the device's full
+The PI controller (policies/controller.py, the power_allocator law) outputs u in [0, 1]: the share of the device's full
 dynamic power it may use (all allowed threads at the top clock). The allocator turns that budget into the
 configuration with the most tokens/s that fits: frequency cap x threads x rate cap.
 

@@ -1,4 +1,4 @@
-"""Assembling a Governor from files: the only I/O the policy core needs, done once before the first tick."""
+"""Assembling a StateMachine from files: the only I/O the policy core needs, done once before the first tick."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 from policies.ladder import ModelLadder, load_ladder
 from policies.loader import load_policy
-from policies.machine import Governor
+from policies.machine import StateMachine
 from policies.memfit import ModelFootprint
 
 
@@ -15,10 +15,10 @@ def load_footprints(ladder: ModelLadder) -> dict[str, ModelFootprint]:
     return {tier.name: ModelFootprint.from_gguf(tier.path) for tier in ladder.tiers}
 
 
-def build_governor(policy: str | Path, models: Path | None = None) -> Governor:
+def build_state_machine(policy: str | Path, models: Path | None = None) -> StateMachine:
     """A policy by name or file and, optionally, a model ladder TOML whose GGUF headers give the footprints."""
     loaded = load_policy(policy)
     if models is None:
-        return Governor(loaded)
+        return StateMachine(loaded)
     ladder = load_ladder(models)
-    return Governor(loaded, ladder=ladder, footprints=load_footprints(ladder))
+    return StateMachine(loaded, ladder=ladder, footprints=load_footprints(ladder))

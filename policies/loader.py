@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from governor.errors import GovernorError
+from govbase.errors import GovernorError
 from policies.schema import Policy
 
 PROFILES_DIR = Path(__file__).parent / "profiles"

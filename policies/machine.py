@@ -15,15 +15,15 @@ from typing import NamedTuple
 
 from policies.allocator import PowerAllocator
 from policies.contention import ThreadFit
+from policies.controller import PIController
 from policies.decision import PRIORITY, Decision, EngineConfig, Hold, KvType, State
 from policies.explain import Tick, explain
+from policies.filters import BusyWindow, Forecast, Trigger
 from policies.ladder import ModelLadder
 from policies.loader import PolicyError
 from policies.memfit import MIB, Candidate, Fit, ModelFootprint, fit
-from policies.pi import PIController
 from policies.readings import Sense, ZoneFilter
 from policies.schema import KV_ORDER, MODEL_LARGEST, MODEL_SMALLEST, Policy, Power, Profile
-from policies.signals import BusyWindow, Forecast, Trigger
 from sensors.snapshot import EngineObservation, Snapshot
 
 RANK = {s: i for i, s in enumerate(PRIORITY)}  # 0 = safest
@@ -46,7 +46,7 @@ class Limits(NamedTuple):
         return cls(state, p.threads, p.n_ctx, KV_ORDER.index(p.kv_type), p.model, p.max_tokens_per_s)
 
 
-class Governor:
+class StateMachine:
     def __init__(
         self,
         policy: Policy,

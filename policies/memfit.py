@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from governor.errors import GovernorError
+from govbase.errors import GovernorError
 from policies.decision import KV_BYTES_PER_ELEMENT, KvType
 from policies.schema import KV_ORDER, Memory
 

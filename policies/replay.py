@@ -9,9 +9,9 @@ from typing import Any, TextIO
 
 from pydantic import ValidationError
 
-from governor.errors import GovernorError
+from govbase.errors import GovernorError
 from policies.decision import Decision
-from policies.machine import Governor
+from policies.machine import StateMachine
 from sensors.snapshot import TraceRecord
 
 
@@ -41,7 +41,7 @@ def read_trace(stream: TextIO, name: Path | str = "<trace>") -> Iterator[TraceRe
         yield record
 
 
-def replay(trace_lines: Iterable[TraceRecord], governor: Governor) -> Iterator[Decision]:
+def replay(trace_lines: Iterable[TraceRecord], governor: StateMachine) -> Iterator[Decision]:
     """The same `decide()` the daemon calls, once per record, in order (a trace carries no holds)."""
     for record in trace_lines:
         yield governor.decide(record, record.engine, record.t)

@@ -1,4 +1,4 @@
-"""CPU frequency from `sys/devices/system/cpu/cpu*/cpufreq` and memory from `proc/meminfo`, `proc/pressure/memory`.
+"""CPU frequency from `sys/devices/system/cpu/cpu*/cpufreq` (memory is sensors/memory.py).
 
 Throttling rule (documented in docs/sensors.md):
 - capped: some online CPU has `scaling_max_freq` < `cpuinfo_max_freq` (a thermal driver or a user lowered the cap);
@@ -12,13 +12,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sensors.load import Load, read_psi
+from sensors.load import Load
 from sensors.root import Reader, Root
-from sensors.snapshot import Cpu, Memory
+from sensors.snapshot import Cpu
 
 CPU_DIR = "sys/devices/system/cpu"
-MEMINFO = "proc/meminfo"
-PSI_MEMORY = "proc/pressure/memory"
 LOADED_UTIL_PERCENT = 90.0
 STARVED_RATIO = 0.6
 
@@ -109,33 +107,4 @@ def read_cpu(reader: Reader, inventory: CpuInventory, util_percent: float | None
         run_queue=load.run_queue,
         psi_some_avg10=load.psi_some_avg10,
         psi_full_avg10=load.psi_full_avg10,
-    )
-
-
-_MEMINFO_KEYS = ("MemTotal", "MemAvailable", "SwapTotal", "SwapFree")
-
-
-def read_memory(reader: Reader, root: Root, *, meminfo: bool, psi: bool) -> Memory:
-    path = root.path(MEMINFO)
-    kb: dict[str, int | None] = dict.fromkeys(_MEMINFO_KEYS)
-    text = reader.text(path) if meminfo else None
-    if text is not None:
-        for line in text.splitlines():
-            key, _, rest = line.partition(":")
-            if key not in kb:
-                continue
-            value = reader.parse(path, rest.strip().partition(" ")[0])  # "16318480 kB"
-            if value is not None:
-                kb[key] = int(value) * 1024
-        for key in ("MemTotal", "MemAvailable"):  # both exist since Linux 3.14
-            if kb[key] is None:
-                reader.problem(path, f"no {key} line")
-    some, full = read_psi(reader, root.path(PSI_MEMORY)) if psi else (None, None)
-    return Memory(
-        total_bytes=kb["MemTotal"],
-        available_bytes=kb["MemAvailable"],
-        swap_total_bytes=kb["SwapTotal"],
-        swap_free_bytes=kb["SwapFree"],
-        psi_some_avg10=some,
-        psi_full_avg10=full,
     )

@@ -16,10 +16,11 @@ from typing import Literal, Protocol
 
 import structlog
 
-from sensors.cpu import CPU_DIR, MEMINFO, PSI_MEMORY, CpuInventory, discover_cpus, read_cpu, read_memory
+from sensors.cpu import CPU_DIR, CpuInventory, discover_cpus, read_cpu
 from sensors.load import PROC_STAT, PSI_CPU, LoadReader
+from sensors.memory import MEMINFO, PSI_MEMORY, read_memory
 from sensors.power import Supply, discover_supplies, read_battery
-from sensors.procstats import PsutilSampler
+from sensors.psutil_backend import PsutilSampler
 from sensors.root import Reader, Root
 from sensors.snapshot import Battery, Problem, Snapshot, Temperature
 from sensors.termux import DEFAULT_COMMAND, TermuxBattery, termux_detected

@@ -1,6 +1,6 @@
 """The composition root: `build(config)` makes every part of the daemon and passes each one in.
 
-sensors (SensorSampler under --root) -> policy Governor (with the ladder's memory footprints) wrapped by the
+sensors (SensorSampler under --root) -> policy StateMachine (with the ladder's memory footprints) wrapped by the
 supervisor's word -> the supervised engine child and its client; plus holds, the control socket, udev events,
 sd_notify, metrics and the recorder feed. Time is injected: the lab runs the same GovernorLoop on a VirtualClock.
 """
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import structlog
 
+from govbase.errors import GovernorError
 from governor.clock import Clock, RealClock
 from governor.daemon.config import DaemonConfig
 from governor.daemon.engine import SupervisedEngine, engine_command
@@ -30,7 +31,6 @@ from governor.daemon.state import DaemonState
 from governor.daemon.supervisor import EngineSupervisor, SupervisedDecider
 from governor.daemon.watch import EngineWatch
 from governor.engine.client import EngineClient, EngineUnavailable
-from governor.errors import GovernorError
 from governor.loop import Decider, GovernorLoop
 from governor.unixsock import check_private_dir
 from policies.ladder import ModelLadder, load_ladder
@@ -63,28 +63,28 @@ def policy_loader(
     """name or file -> the policy core, with each tier's memory footprint read once from its GGUF header and the
     CPU clock caps the frequency actuator can write (None: threads and rate are the only actuators)."""
     from governor.daemon.footprints import read_footprints
-    from policies import Governor, load_policy
+    from policies import StateMachine, load_policy
 
     footprints = read_footprints(ladder_file)
 
     def load(name: str) -> Decider:
         prior = None
         if device_model is not None:  # read at every (re)load: a new bench-device run is picked up by a reload
-            from governor.engine.benchdevice import load_device_model
+            from governor.benchdevice import load_device_model
 
             prior = load_device_model(device_model)
         policy = load_policy(name)
-        return Governor(policy, ladder=ladder, footprints=footprints, freq_ratios=freq_ratios, prior=prior)
+        return StateMachine(policy, ladder=ladder, footprints=footprints, freq_ratios=freq_ratios, prior=prior)
 
     return load
 
 
 def keep_alive(decider: Decider) -> float:
     """The policy's `engine.keep_alive_s` (for a Decider that is not a policy core: the default)."""
-    from policies import Governor
+    from policies import StateMachine
     from policies.schema import EngineOptions
 
-    return decider.policy.engine.keep_alive_s if isinstance(decider, Governor) else EngineOptions().keep_alive_s
+    return decider.policy.engine.keep_alive_s if isinstance(decider, StateMachine) else EngineOptions().keep_alive_s
 
 
 def uevent_handler(sensors: object, wake: threading.Event) -> Callable[[UdevEvent], None]:

@@ -27,7 +27,7 @@ def default_control_socket(env: Mapping[str, str] | None = None, euid: int | Non
     euid = os.geteuid() if euid is None else euid
     if env.get("GOVERNOR_CONTROL_SOCKET"):
         return Path(env["GOVERNOR_CONTROL_SOCKET"])
-    from governor.errors import GovernorError
+    from govbase.errors import GovernorError
 
     candidates = dict.fromkeys([default_dirs(env, euid)[0] / "control.sock", default_dirs({}, 0)[0] / "control.sock"])
     safe: list[Path] = []
@@ -113,7 +113,7 @@ def _why(args: argparse.Namespace) -> int:
 
 
 def _hold(args: argparse.Namespace) -> int:
-    from governor.errors import GovernorError
+    from govbase.errors import GovernorError
 
     if args.state is None and args.max_threads is None and args.max_tokens_per_s is None:
         raise GovernorError("hold what? give a STATE, --max-threads N or --max-tokens-per-s X")
@@ -153,7 +153,7 @@ def _metrics(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace) -> int:
-    from governor.errors import GovernorError
+    from govbase.errors import GovernorError
 
     client = _client(args)
     lines = 0

@@ -27,8 +27,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from govbase.errors import GovernorError
 from governor.daemon.supervisor import RestartPolicy
-from governor.errors import GovernorError
 from policies.loader import (  # the policy files' reader and line finder: tomllib keeps no positions
     UnreadableText,
     locate,

@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal, Protocol
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from governor.errors import GovernorError
+from govbase.errors import GovernorError
 from governor.unixsock import check_private_dir, clear_stale_socket
 from policies.decision import Hold, State, Threads, TokensPerS
 from sensors.snapshot import TraceRecord

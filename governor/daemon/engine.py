@@ -15,10 +15,10 @@ from typing import Protocol
 
 import structlog
 
+from govbase.errors import GovernorError
 from governor.daemon.supervisor import EngineSupervisor
-from governor.errors import GovernorError
 from policies.decision import EngineConfig
-from sensors.procstats import ProcessStats
+from sensors.psutil_backend import ProcessStats
 from sensors.snapshot import EngineObservation
 
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from governor.errors import GovernorError
+from govbase.errors import GovernorError
 from policies.assemble import load_footprints
 from policies.ladder import load_ladder
 from policies.memfit import ModelFootprint

@@ -32,9 +32,9 @@ import h11
 import structlog
 import uvicorn
 
+from govbase.errors import GovernorError
 from governor import unixsock
 from governor.daemon.supervisor import Availability
-from governor.errors import GovernorError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
+from govbase.errors import GovernorError
 from governor.clock import Clock
 from governor.daemon.config import DaemonConfig
 from governor.daemon.control import ControlServer
@@ -28,7 +29,6 @@ from governor.daemon.metrics import DaemonMetrics
 from governor.daemon.notify import Notifier
 from governor.daemon.state import DaemonState
 from governor.daemon.supervisor import EngineSupervisor, SupervisedDecider
-from governor.errors import GovernorError
 from governor.loop import Decider, GovernorLoop
 from policies.decision import Decision, Hold
 from sensors.snapshot import EngineObservation, Snapshot, TraceRecord

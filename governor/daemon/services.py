@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 import governor
-from governor.errors import GovernorError
+from govbase.errors import GovernorError
 
 Kind = Literal["system", "user", "termux"]
 TERMUX_PREFIX = "/data/data/com.termux/files/usr"

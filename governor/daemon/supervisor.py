@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
+from govbase.errors import GovernorError
 from governor.clock import Clock
 from governor.daemon.crashes import (
     Crash,
@@ -36,7 +37,6 @@ from governor.daemon.crashes import (
     phase_of,
     read_kernel_log,
 )
-from governor.errors import GovernorError
 from governor.loop import Decider
 from policies.decision import Decision, EngineConfig, Hold, State
 from policies.ladder import ModelLadder

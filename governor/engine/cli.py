@@ -6,10 +6,8 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from governor.engine.benchdevice import register as bench_device
     from governor.engine.demo import register as demo_models
     from governor.engine.serve import register as engine
 
     engine(sub)
     demo_models(sub)
-    bench_device(sub)

@@ -22,7 +22,7 @@ import structlog
 from httpcore._backends.sync import SyncStream
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from governor.errors import GovernorError
+from govbase.errors import GovernorError
 from policies.decision import EngineConfig
 from sensors.snapshot import EngineObservation
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from governor.errors import GovernorError
+from govbase.errors import GovernorError
 from policies.decision import KvType
 
 # Bump when the files would change: an older stamp makes `write_demo_models` write them again.

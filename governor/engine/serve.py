@@ -23,6 +23,7 @@ import structlog
 import uvicorn
 from starlette.applications import Starlette
 
+from govbase.errors import GovernorError
 from governor import logs, unixsock
 from governor.engine import fault
 from governor.engine.config import (
@@ -36,7 +37,6 @@ from governor.engine.config import (
     single_model,
 )
 from governor.engine.extra_buffers import ExtraBuffers, choose
-from governor.errors import GovernorError
 from policies.decision import RATE_MAX, RATE_MIN
 from policies.ladder import ExtraBuffersMode
 from sensors.root import Root

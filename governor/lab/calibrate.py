@@ -17,7 +17,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 import policies
-from governor.errors import GovernorError
+from govbase.errors import GovernorError
 from governor.lab.device import DeviceSpec, ThermalSpec
 from governor.lab.thermal import discretise
 from sensors.snapshot import TraceRecord

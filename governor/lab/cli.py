@@ -7,8 +7,8 @@ import json
 import logging
 from pathlib import Path
 
+from govbase.errors import GovernorError
 from governor import logs
-from governor.errors import GovernorError
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

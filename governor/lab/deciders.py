@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import policies
-from governor.errors import GovernorError
+from govbase.errors import GovernorError
 from governor.lab.device import DeviceSpec
 from governor.loop import Decider
-from policies import Governor, ModelFootprint, Policy
+from policies import ModelFootprint, Policy, StateMachine
 from policies.decision import Decision, EngineConfig, Hold, State
 from policies.ladder import ModelLadder, ModelTier
 from sensors.snapshot import EngineObservation, Snapshot
@@ -104,4 +104,4 @@ def decider_for(policy: Policy | str | None, device: DeviceSpec) -> Decider:
         threads = int(const["threads"]) if "threads" in const else None
         return Ungoverned(device, threads=threads, freq=const.get("freq"))
     ratios = device.cpu.freq_steps if device.cpu.freq_writable else None
-    return Governor(policy, ladder=ladder_of(device), footprints=footprints_of(device), freq_ratios=ratios)
+    return StateMachine(policy, ladder=ladder_of(device), footprints=footprints_of(device), freq_ratios=ratios)

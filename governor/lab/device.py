@@ -78,7 +78,7 @@ class MemorySpec(Spec):
     other_apps_mb: float = Field(default=0.0, ge=0)  # the OS and everything else that is not the engine
 
 
-class ModelSpec(Spec):
+class SimModelSpec(Spec):
     """One tier of the device's model ladder (largest first): its GGUF header figures and how fast it runs."""
 
     name: str = Field(min_length=1)
@@ -123,16 +123,16 @@ class EngineSpec(Spec):
     # threads wait for each other at every step, so a descheduled one stalls them all. 2 cores, 2 threads beside one
     # CPU hog: 25 tok/s measured where a fair 2/3 share of the 78 alone would give 52 (docs/lab.md).
     barrier_efficiency: float = Field(default=0.48, gt=0, le=1)
-    model: tuple[ModelSpec, ...] = Field(min_length=1)
+    model: tuple[SimModelSpec, ...] = Field(min_length=1)
 
-    def tier(self, name: str) -> ModelSpec:
+    def tier(self, name: str) -> SimModelSpec:
         for m in self.model:
             if m.name == name:
                 return m
         # a policy may name a tier the device lacks; the engine then runs the smallest one, as a real ladder would
         return self.model[-1]
 
-    def footprint_bytes(self, tier: ModelSpec, n_ctx: int, kv_type: KvType) -> int:
+    def footprint_bytes(self, tier: SimModelSpec, n_ctx: int, kv_type: KvType) -> int:
         """What the engine process really takes: weights + KV + compute buffer (Ollama's estimate) + overhead."""
         fp = tier.footprint()
         extra = fp.kv_bytes(n_ctx, kv_type) + fp.compute_bytes(n_ctx, self.n_batch) + self.overhead_mb * MB

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from governor.lab.device import MB, CpuSpec, EngineSpec, ModelSpec
+from governor.lab.device import MB, CpuSpec, EngineSpec, SimModelSpec
 from governor.lab.workload import Request
 from policies.decision import EngineConfig
 
@@ -48,7 +48,7 @@ class EngineSim:
         self._footprint = 0  # bytes the process takes once loaded with the current config
         self._cached: set[str] = set()  # models read once stay in the page cache (mmap) unless memory runs out
         self.config: EngineConfig | None = None
-        self.tier: ModelSpec | None = None
+        self.tier: SimModelSpec | None = None
         self.loaded = False
         self.ready_s = 0.0  # loading (or restarting) until then
         self.ctx = 0.0  # tokens held in the KV cache

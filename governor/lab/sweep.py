@@ -22,8 +22,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from govbase.errors import GovernorError
 from governor import logs
-from governor.errors import GovernorError
 from governor.lab.deciders import CONSTANT, decider_for, parse_constant
 from governor.lab.device import DeviceSpec
 from governor.lab.experiment import Summary, simulate

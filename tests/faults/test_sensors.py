@@ -13,7 +13,7 @@ import pytest
 
 from policies.decision import State
 from policies.loader import parse_policy
-from policies.machine import Governor
+from policies.machine import StateMachine
 from sensors.sampler import SensorSampler
 from sensors.snapshot import EngineObservation
 from tests.faults.conftest import FAULT_POLICY
@@ -82,7 +82,7 @@ def test_sensor_garbage_is_named_and_turns_the_policy_conservative(
     tree = device_tree(tmp_path)
     sampler = SensorSampler(tree.root, cpu_util=None, rediscover_s=0.0)
     policy = parse_policy(FAULT_POLICY, "fault.toml")
-    governor = Governor(policy)
+    governor = StateMachine(policy)
     assert governor.decide(sampler.sample(), IDLE, 0.0).state == State.IDLE
     break_it(tree.path(f"{ZONE}/temp"))
     for tick in range(1, 8):  # past the grace (0.5 s) and the enter debounce, at 0.25 s per tick

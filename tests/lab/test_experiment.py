@@ -72,7 +72,7 @@ def test_the_trace_is_the_replay_format() -> None:
     assert records[0].battery is not None
     # and the policy core replays it: the recorded ungoverned run, as the android policy would have decided it
     governor = decider_for(load_policy("android-termux"), device)
-    assert isinstance(governor, policies.Governor)
+    assert isinstance(governor, policies.StateMachine)
     decisions = list(policies.replay(records, governor))
     assert len(decisions) == len(records)
     assert {d.state.value for d in decisions} >= {"idle", "sustained"}

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from policies.decision import Decision, Hold
-from policies.machine import Governor
+from policies.machine import StateMachine
 from sensors.snapshot import Battery, EngineObservation, Memory, Snapshot, Temperature, TraceRecord, Trip
 
 MIB = 1024 * 1024
@@ -51,7 +51,7 @@ IDLE = EngineObservation(busy=False)
 
 
 def run(
-    gov: Governor,
+    gov: StateMachine,
     snapshots: Iterable[Snapshot],
     *,
     dt: float = 1.0,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from policies import Governor
+from policies import StateMachine
 from policies.allocator import Choice, DeviceModel, allocate
 from policies.decision import State
 from policies.schema import Power
@@ -93,9 +93,9 @@ def test_watts_are_learned_from_a_discharging_battery() -> None:
     assert abs(model.core_w - 0.8) < 0.05
 
 
-def hot_policy() -> Governor:
+def hot_policy() -> StateMachine:
     policy = make_policy(states={"hot": {"threads": 4, "min_threads": 1}})
-    return Governor(policy, freq_ratios=RATIOS)
+    return StateMachine(policy, freq_ratios=RATIOS)
 
 
 def test_hot_caps_the_clock_and_keeps_the_threads_when_the_clock_is_writable() -> None:
@@ -113,7 +113,7 @@ def test_hot_caps_the_clock_and_keeps_the_threads_when_the_clock_is_writable() -
 
 def test_without_a_writable_clock_hot_takes_threads_as_before() -> None:
     policy = make_policy(states={"hot": {"threads": 4, "min_threads": 1}})
-    decisions = run(Governor(policy), [snap(85.0)] * 12)
+    decisions = run(StateMachine(policy), [snap(85.0)] * 12)
     assert decisions[-1].state == State.HOT
     assert decisions[-1].freq_ratio is None
     assert decisions[-1].engine.threads < 4
@@ -122,7 +122,7 @@ def test_without_a_writable_clock_hot_takes_threads_as_before() -> None:
 
 def test_the_policy_can_refuse_the_clock_cap() -> None:
     policy = make_policy(states={"hot": {"threads": 4, "min_threads": 1}}, power={"freq_cap": False})
-    decisions = run(Governor(policy, freq_ratios=RATIOS), [snap(85.0)] * 12)
+    decisions = run(StateMachine(policy, freq_ratios=RATIOS), [snap(85.0)] * 12)
     assert all(d.freq_ratio is None for d in decisions)
 
 
@@ -153,6 +153,6 @@ def test_the_model_learns_from_the_engines_counters_in_hot() -> None:
 def test_with_the_clock_the_setpoint_sits_closer_to_the_trip() -> None:
     """The test policy's trip is 80 °C and control margin 2 °C; with a writable clock [power] allows 0.5 °C."""
     with_clock = run(hot_policy(), [snap(79.0)] * 6)[-1]
-    threads_only = run(Governor(make_policy()), [snap(79.0)] * 6)[-1]
+    threads_only = run(StateMachine(make_policy()), [snap(79.0)] * 6)[-1]
     assert with_clock.readings["setpoint_c"] == 79.5
     assert threads_only.readings["setpoint_c"] == 78.0

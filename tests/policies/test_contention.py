@@ -11,7 +11,7 @@ import pytest
 
 from governor.cli import main
 from policies.decision import Decision, Hold
-from policies.machine import Governor
+from policies.machine import StateMachine
 from policies.schema import Policy
 from sensors.snapshot import Cpu, EngineObservation, Snapshot
 from tests.policies.builders import snap, write_trace
@@ -36,7 +36,7 @@ def engine_at(threads: int, other: float) -> EngineObservation:
     return EngineObservation(busy=True, tokens_per_s=tok_s(threads, other), model="m", threads=threads)
 
 
-def closed_loop(gov: Governor, others: list[float], *, dt: float = 1.0) -> list[Decision]:
+def closed_loop(gov: StateMachine, others: list[float], *, dt: float = 1.0) -> list[Decision]:
     """The policy driving an engine whose speed follows the table: each tick sees the threads it chose before."""
     out: list[Decision] = []
     threads = 2
@@ -80,7 +80,7 @@ def test_a_noisy_load_does_not_flap(policy: Policy) -> None:
         others += [rng.uniform(0.6, 1.0) for _ in range(rng.randint(1, 4))]
         others += [rng.uniform(0.0, 0.3) for _ in range(rng.randint(1, 6))]
     others = others[:240] + [QUIET] * 60
-    decisions = closed_loop(Governor(policy), others)
+    decisions = closed_loop(StateMachine(policy), others)
     threads = [d.engine.threads for d in decisions]
     changes = [i for i in range(1, len(threads)) if threads[i] != threads[i - 1]]
     assert len(changes) == 2, changes  # down once at the first burst, up once after the noise ended
@@ -89,12 +89,12 @@ def test_a_noisy_load_does_not_flap(policy: Policy) -> None:
 
 
 def test_a_short_burst_does_not_take_threads(policy: Policy) -> None:
-    decisions = closed_loop(Governor(policy), [QUIET] * 10 + [HOG] * 1 + [QUIET] * 10, dt=0.5)
+    decisions = closed_loop(StateMachine(policy), [QUIET] * 10 + [HOG] * 1 + [QUIET] * 10, dt=0.5)
     assert {d.engine.threads for d in decisions} == {2}
 
 
 def test_without_the_cap_the_threads_stay(policy_factory: Any) -> None:
-    gov = Governor(policy_factory(contention={"enabled": False}))
+    gov = StateMachine(policy_factory(contention={"enabled": False}))
     decisions = closed_loop(gov, [QUIET] * 5 + [HOG] * 30)
     assert {d.engine.threads for d in decisions} == {2}
 
@@ -102,7 +102,7 @@ def test_without_the_cap_the_threads_stay(policy_factory: Any) -> None:
 def test_fewer_threads_measured_faster_are_kept(policy: Policy) -> None:
     """Below the take threshold (a load the CPU figures miss) the measured speed decides: a client's hold ran
     1 thread for 20 s; once it ends, 2 threads are tried, measured slower, and 1 thread comes back."""
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     hold = Hold(max_threads=1, expires_t=20.0, owner="test")
     others = [0.3] * 60  # under take_fraction: no core counts as taken
 
@@ -123,7 +123,7 @@ def test_fewer_threads_measured_faster_are_kept(policy: Policy) -> None:
 
 
 def test_more_threads_measured_faster_are_kept(policy: Policy) -> None:
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     hold = Hold(max_threads=1, expires_t=20.0, owner="test")
     threads = 2
     for t in range(60):
@@ -135,7 +135,7 @@ def test_more_threads_measured_faster_are_kept(policy: Policy) -> None:
 def test_a_rate_cap_is_not_a_measurement(policy: Policy) -> None:
     """Delivered tokens/s under a rate cap say nothing about threads: 1 thread measured 48 tok/s, then 2 threads
     deliver 5 tok/s under a client's rate cap; that is not "2 threads are slower"."""
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     one_thread = Hold(owner="test", max_threads=1, expires_t=20.0)
     rate_cap = Hold(owner="test", max_tokens_per_s=5.0, expires_t=40.0)
     threads, seen = 2, []
@@ -151,7 +151,7 @@ def test_a_rate_cap_is_not_a_measurement(policy: Policy) -> None:
 
 
 def test_unknown_load_keeps_the_level(policy: Policy) -> None:
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     assert closed_loop(gov, [HOG] * 10)[-1].engine.threads == 1
     later = gov.decide(loaded(None), None, 40.0)
     assert later.engine.threads == 1  # the load became unknown: the core stays taken

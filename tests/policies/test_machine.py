@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from policies import Governor
+from policies import StateMachine
 from policies.decision import Hold, State
 from policies.schema import Policy
 from sensors.snapshot import Cpu, EngineObservation, Snapshot, Temperature
@@ -12,7 +12,7 @@ from tests.policies.builders import BUSY, IDLE, run, snap, states
 from tests.policies.conftest import make_policy
 
 
-def heat_to_hot(gov: Governor, t0: float = 0.0) -> float:
+def heat_to_hot(gov: StateMachine, t0: float = 0.0) -> float:
     """Drive the governor into hot with a steady 80 °C reading; returns the next free time."""
     decisions = run(gov, [snap(80.0)] * 3, t0=t0)
     assert decisions[-1].state == State.HOT
@@ -20,7 +20,7 @@ def heat_to_hot(gov: Governor, t0: float = 0.0) -> float:
 
 
 def test_idle_until_the_engine_is_busy_then_sustained(policy: Policy) -> None:
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     assert states(run(gov, [snap()] * 3, engine=IDLE)) == ["idle"] * 3
     busy = run(gov, [snap()] * 6, t0=3, engine=BUSY)
     first = next(d for d in busy if d.state == State.SUSTAINED)
@@ -31,7 +31,7 @@ def test_idle_until_the_engine_is_busy_then_sustained(policy: Policy) -> None:
 
 def test_sustained_below_its_entry_says_so_without_contradiction(policy: Policy) -> None:
     """Held on by hysteresis at 40 % busy: the reason never reads "busy 40 % ≥ 50 %"."""
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     run(gov, [snap()] * 11, engine=BUSY)
     decisions = run(gov, [snap()] * 7, t0=11, engine=IDLE)
     assert states(decisions) == ["sustained"] * 7
@@ -41,7 +41,7 @@ def test_sustained_below_its_entry_says_so_without_contradiction(policy: Policy)
 
 
 def test_sustained_falls_back_to_idle_only_after_the_dwell(policy: Policy) -> None:
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     run(gov, [snap()] * 6, engine=BUSY)
     decisions = run(gov, [snap()] * 20, t0=6, engine=IDLE)
     back = next(d for d in decisions if d.state == State.IDLE)
@@ -50,7 +50,7 @@ def test_sustained_falls_back_to_idle_only_after_the_dwell(policy: Policy) -> No
 
 
 def test_forecast_enters_hot_before_the_reading(policy: Policy) -> None:
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     ramp = [snap(65.0 + 0.5 * i) for i in range(20)]
     decisions = run(gov, ramp)
     hot = next(d for d in decisions if d.state == State.HOT)
@@ -67,12 +67,12 @@ def test_forecast_enters_hot_before_the_reading(policy: Policy) -> None:
 
 
 def test_a_steady_reading_below_the_entry_never_enters_hot(policy: Policy) -> None:
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     assert set(states(run(gov, [snap(74.5)] * 60))) == {"sustained", "idle"}
 
 
 def test_pi_lowers_threads_and_rate_while_over_the_setpoint(policy: Policy) -> None:
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     t = heat_to_hot(gov)
     decisions = run(gov, [snap(82.0)] * 40, t0=t)
     assert all(d.state == State.HOT for d in decisions)
@@ -86,7 +86,7 @@ def test_pi_lowers_threads_and_rate_while_over_the_setpoint(policy: Policy) -> N
 
 
 def test_hot_holds_above_the_exit_and_leaves_below_it_after_debounce_and_dwell(policy: Policy) -> None:
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     t = heat_to_hot(gov)
     assert states(run(gov, [snap(72.0)] * 15, t0=t)) == ["hot"] * 15  # 72 > exit 71
     decisions = run(gov, [snap(70.0)] * 10, t0=t + 15)
@@ -97,7 +97,7 @@ def test_hot_holds_above_the_exit_and_leaves_below_it_after_debounce_and_dwell(p
 
 
 def test_dwell_holds_a_wanted_change_and_says_so(policy: Policy) -> None:
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     heat_to_hot(gov)  # hot entered at t=1
     held = run(gov, [snap(60.0)] * 6, t0=3)
     assert all(d.state == State.HOT for d in held)
@@ -107,7 +107,7 @@ def test_dwell_holds_a_wanted_change_and_says_so(policy: Policy) -> None:
 
 
 def test_threads_come_back_one_step_per_recover_step(policy: Policy) -> None:
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     t = heat_to_hot(gov)
     before = run(gov, [snap(84.0)] * 30, t0=t)  # PI down to 1 thread
     assert before[-1].engine.threads == 1
@@ -123,7 +123,7 @@ def test_threads_come_back_one_step_per_recover_step(policy: Policy) -> None:
 
 
 def test_critical_is_immediate_even_inside_the_dwell(policy: Policy) -> None:
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     heat_to_hot(gov)  # hot since t=1
     decisions = run(gov, [snap(91.0)] * 2, t0=3, dt=0.5)
     assert decisions[-1].state == State.CRITICAL
@@ -135,7 +135,7 @@ def test_critical_is_immediate_even_inside_the_dwell(policy: Policy) -> None:
 
 
 def test_thresholds_default_to_the_lowest_passive_trip_of_trusted_zones() -> None:
-    gov = Governor(make_policy(thermal={"trip_c": None, "critical_c": None}))
+    gov = StateMachine(make_policy(thermal={"trip_c": None, "critical_c": None}))
     nvme = Temperature(source="hwmon1/temp1", kind="hwmon", label="nvme", temp_c=50.0, trips=())
     s = snap(70.0, trips=[("passive", 85.0), ("passive", 95.0), ("critical", 105.0)], extra=[nvme])
     d = gov.decide(s, BUSY, 0.0)
@@ -146,13 +146,13 @@ def test_thresholds_default_to_the_lowest_passive_trip_of_trusted_zones() -> Non
 
 
 def test_no_trip_anywhere_uses_the_policy_fallback() -> None:
-    gov = Governor(make_policy(thermal={"trip_c": None}))
+    gov = StateMachine(make_policy(thermal={"trip_c": None}))
     d = gov.decide(snap(50.0), BUSY, 0.0)
     assert (d.readings["trip_c"], d.readings["trip_source"]) == (85.0, "fallback")
 
 
 def test_untrusted_and_implausible_zones_are_ignored(policy: Policy) -> None:
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     nvme = Temperature(source="hwmon1/temp1", kind="hwmon", label="nvme", temp_c=99.0)
     decisions = run(gov, [snap(140.0, extra=[nvme])] * 5)
     assert states(decisions)[-1] in {"idle", "sustained"}
@@ -162,13 +162,13 @@ def test_untrusted_and_implausible_zones_are_ignored(policy: Policy) -> None:
 
 
 def test_battery_temperature_counts_when_the_policy_trusts_it() -> None:
-    gov = Governor(make_policy(thermal={"zones": ["skin*"], "use_battery_temp": True}))
+    gov = StateMachine(make_policy(thermal={"zones": ["skin*"], "use_battery_temp": True}))
     d = gov.decide(snap(None, percent=80, plugged=False, battery_temp_c=41.5), BUSY, 0.0)
     assert (d.readings["temp_c"], d.readings["zone"]) == (41.5, "battery")
 
 
 def test_low_battery_on_discharge_with_hysteresis(policy: Policy) -> None:
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     run(gov, [snap(percent=30, plugged=False)] * 2, engine=IDLE)
     decisions = run(gov, [snap(percent=20, plugged=False)] * 4, t0=2, engine=IDLE)
     low = next(d for d in decisions if d.state == State.LOW_BATTERY)
@@ -184,7 +184,7 @@ def test_low_battery_on_discharge_with_hysteresis(policy: Policy) -> None:
 
 
 def test_plugging_in_leaves_low_battery_after_the_debounce(policy: Policy) -> None:
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     run(gov, [snap(percent=15, plugged=False)] * 15, engine=IDLE)
     decisions = run(gov, [snap(percent=15, plugged=True, charging=True)] * 5, t0=15, engine=IDLE)
     assert decisions[0].state == State.LOW_BATTERY
@@ -195,7 +195,7 @@ def test_plugging_in_leaves_low_battery_after_the_debounce(policy: Policy) -> No
 
 
 def test_unplugged_battery_at_critical_level_is_critical(policy: Policy) -> None:
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     decisions = run(gov, [snap(percent=4, plugged=False)] * 3, engine=IDLE)
     crit = next(d for d in decisions if d.state == State.CRITICAL)
     assert crit.rule == "battery.critical"
@@ -203,7 +203,7 @@ def test_unplugged_battery_at_critical_level_is_critical(policy: Policy) -> None
 
 
 def test_memory_below_the_floor_is_critical(policy: Policy) -> None:
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     decisions = run(gov, [snap(available_mb=80)] * 3, engine=IDLE)
     crit = next(d for d in decisions if d.state == State.CRITICAL)
     assert crit.rule == "memory.floor"
@@ -211,7 +211,7 @@ def test_memory_below_the_floor_is_critical(policy: Policy) -> None:
 
 
 def test_memory_pressure_shrinks_context_step_by_step_without_a_ladder(policy: Policy) -> None:
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     run(gov, [snap(psi=0.0)] * 2, engine=IDLE)
     decisions = run(gov, [snap(psi=25.0)] * 12, t0=2, engine=IDLE)
     assert decisions[0].rule == "memory.pressure"
@@ -224,7 +224,7 @@ def test_memory_pressure_shrinks_context_step_by_step_without_a_ladder(policy: P
 
 
 def test_a_hold_pins_a_profile_but_not_over_hot(policy: Policy) -> None:
-    gov = Governor(make_policy(states={"sustained": {"threads": 2}}))
+    gov = StateMachine(make_policy(states={"sustained": {"threads": 2}}))
     pin = (Hold(owner="chat", state=State.IDLE),)
     decisions = run(gov, [snap()] * 8, holds=pin)
     assert decisions[-1].state == State.IDLE
@@ -236,7 +236,7 @@ def test_a_hold_pins_a_profile_but_not_over_hot(policy: Policy) -> None:
 
 
 def test_a_pin_overrides_low_battery(policy: Policy) -> None:
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     pin = (Hold(owner="chat", state=State.IDLE),)
     d = run(gov, [snap(percent=15, plugged=False)] * 5, holds=pin, engine=IDLE)[-1]
     assert d.state == State.IDLE
@@ -244,7 +244,7 @@ def test_a_pin_overrides_low_battery(policy: Policy) -> None:
 
 
 def test_caps_always_apply_and_expired_holds_do_not(policy: Policy) -> None:
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     holds = (Hold(owner="a", max_threads=2, max_tokens_per_s=3.0), Hold(owner="b", max_threads=1, expires_t=1.5))
     decisions = run(gov, [snap()] * 4, holds=holds, engine=IDLE)
     assert decisions[0].engine.threads == 1
@@ -255,15 +255,15 @@ def test_caps_always_apply_and_expired_holds_do_not(policy: Policy) -> None:
 
 
 def test_threads_never_exceed_the_online_cpus(policy: Policy) -> None:
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     two_cpus = snap().model_copy(update={"cpu": Cpu(freq_ratio=None, throttled=None, count=2)})
-    full = Governor(policy).decide(snap(), IDLE, 0.0).engine.threads  # CPU count unknown: no cap
+    full = StateMachine(policy).decide(snap(), IDLE, 0.0).engine.threads  # CPU count unknown: no cap
     assert full > 2
     assert gov.decide(two_cpus, IDLE, 0.0).engine.threads == 2
 
 
 def test_missing_readings_never_crash_and_are_named(policy: Policy) -> None:
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     empty = snap(None, available_mb=None, percent=None, plugged=None)
     d = gov.decide(empty, None, 0.0)
     assert d.state == State.IDLE
@@ -273,7 +273,7 @@ def test_missing_readings_never_crash_and_are_named(policy: Policy) -> None:
 
 
 def test_an_unknown_temperature_keeps_hot(policy: Policy) -> None:
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     t = heat_to_hot(gov)
     decisions = run(gov, [snap(None)] * 20, t0=t)
     assert states(decisions) == ["hot"] * 20
@@ -281,7 +281,7 @@ def test_an_unknown_temperature_keeps_hot(policy: Policy) -> None:
 
 
 def test_interval_is_short_while_mitigating_or_deciding(policy: Policy) -> None:
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     watchful = gov.decide(snap(70.0), IDLE, 0.0)  # idle, but within calm_margin_c of hot entry (75 °C)
     assert gov.interval_s(watchful) == 1.0
     pending = gov.decide(snap(80.0), IDLE, 1.0)  # hot is debouncing
@@ -293,7 +293,7 @@ def test_interval_is_short_while_mitigating_or_deciding(policy: Policy) -> None:
 
 
 def test_changed_marks_only_engine_config_changes(policy: Policy) -> None:
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     decisions = run(gov, [snap(50.0)] * 3 + [snap(76.0)] * 3)  # under the setpoint: PI stays at its top
     assert [d.changed for d in decisions] == [True, False, False, False, True, False]
 
@@ -301,7 +301,7 @@ def test_changed_marks_only_engine_config_changes(policy: Policy) -> None:
 def test_kernel_throttling_is_named_while_hot(policy: Policy) -> None:
     from sensors.snapshot import Cpu
 
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     throttled = snap(80.0).model_copy(update={"cpu": Cpu(freq_ratio=0.6, throttled=True)})
     d = run(gov, [throttled] * 3)[-1]
     assert d.state == State.HOT
@@ -315,7 +315,7 @@ def test_calm_ticks_slowly_and_anything_near_a_threshold_ends_calm(policy: Polic
     assert calm_s > policy.timing.interval_s
 
     def interval(snapshot: Snapshot, engine: EngineObservation | None = IDLE, *, warm_up: int = 1) -> float:
-        gov = Governor(policy)
+        gov = StateMachine(policy)
         decisions = run(gov, [snapshot] * warm_up, engine=engine)
         return gov.interval_s(decisions[-1])
 
@@ -330,7 +330,7 @@ def test_calm_ticks_slowly_and_anything_near_a_threshold_ends_calm(policy: Polic
     assert interval(snap(50.0, available_mb=250.0)) == 1.0  # close to the memory floor
 
     # A rising forecast ends calm before the reading gets near: 50 -> 62 °C in 12 s forecasts past 65 °C.
-    gov = Governor(policy)
+    gov = StateMachine(policy)
     rising = run(gov, [snap(50.0 + i) for i in range(13)], engine=IDLE)
     forecast = rising[-1].readings["forecast_c"]
     assert isinstance(forecast, float)
@@ -340,5 +340,5 @@ def test_calm_ticks_slowly_and_anything_near_a_threshold_ends_calm(policy: Polic
 
 def test_calm_never_makes_the_loop_slower_than_its_interval(policy: Policy) -> None:
     slow = policy.model_copy(update={"timing": policy.timing.model_copy(update={"interval_s": 8.0})})
-    gov = Governor(slow)
+    gov = StateMachine(slow)
     assert gov.interval_s(gov.decide(snap(50.0), IDLE, 0.0)) == 8.0

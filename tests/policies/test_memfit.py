@@ -8,7 +8,7 @@ import gguf
 import numpy as np
 import pytest
 
-from policies import Governor, ModelFootprint
+from policies import ModelFootprint, StateMachine
 from policies.decision import KV_BYTES_PER_ELEMENT, State
 from policies.ladder import ModelLadder, ModelTier
 from policies.memfit import MIB, Candidate, MemFitError, fit
@@ -132,14 +132,14 @@ def test_quantised_kv_falls_back_to_f16_when_the_engine_cannot() -> None:
     assert "flash_attn False" in no_fa.note
 
 
-def ladder_governor(tmp_path: Path) -> Governor:
+def ladder_governor(tmp_path: Path) -> StateMachine:
     big = write_gguf(tmp_path / "big.gguf", layers=8, embd=512, heads=8, kv_heads=8, padding_bytes=60 * MIB)
     small = write_gguf(tmp_path / "small.gguf", layers=4, embd=256, heads=8, kv_heads=4, padding_bytes=10 * MIB)
     ladder = ModelLadder(
         tier=(ModelTier(name="big", path=big, n_ctx=8192), ModelTier(name="small", path=small, n_ctx=4096))
     )
     footprints = {t.name: ModelFootprint.from_gguf(t.path) for t in ladder.tiers}
-    return Governor(
+    return StateMachine(
         make_policy(memory={"reserve_mb": 100.0, "overhead_mb": 20.0}), ladder=ladder, footprints=footprints
     )
 
@@ -177,7 +177,7 @@ def test_a_profile_naming_a_missing_tier_is_refused(tmp_path: Path) -> None:
 
     ladder = ModelLadder(tier=(ModelTier(name="only", path=tmp_path / "x.gguf"),))
     with pytest.raises(PolicyError, match=r"states\.critical\.model: no tier 'tiny'"):
-        Governor(make_policy(states={"critical": {"model": "tiny"}}), ladder=ladder)
+        StateMachine(make_policy(states={"critical": {"model": "tiny"}}), ladder=ladder)
 
 
 def test_memory_pressure_shrinks_the_fitted_footprint(tmp_path: Path) -> None:

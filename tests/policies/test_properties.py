@@ -9,7 +9,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from policies import Governor
+from policies import StateMachine
 from policies.decision import PRIORITY, Decision, State
 from policies.ladder import ModelLadder, ModelTier
 from policies.memfit import MIB, ModelFootprint
@@ -47,7 +47,7 @@ def to_snapshot(s: Step, temp: float | None = None) -> Snapshot:
     )
 
 
-def play(gov: Governor, trace: list[Step]) -> tuple[list[Decision], float]:
+def play(gov: StateMachine, trace: list[Step]) -> tuple[list[Decision], float]:
     t, out = 0.0, []
     for s in trace:
         t += float(s["dt"])  # type: ignore[arg-type]
@@ -64,7 +64,7 @@ def _battery_step(percent: float, plugged: bool, dt: float) -> Step:
 @given(traces)
 @example([_battery_step(15.0, False, 1.0)] * 4 + [_battery_step(15.0, True, 1.5)] * 6)  # unplug, plug back quickly
 def test_no_transition_sooner_than_the_dwell(trace: list[Step]) -> None:
-    decisions, _ = play(Governor(POLICY), trace)
+    decisions, _ = play(StateMachine(POLICY), trace)
     timing = POLICY.timing
     changes = [(a, b) for a, b in itertools.pairwise(decisions) if a.state != b.state]
     entered = decisions[0].t
@@ -78,7 +78,7 @@ def test_no_transition_sooner_than_the_dwell(trace: list[Step]) -> None:
 
 
 def check_monotone(
-    gov: Governor, trace: list[Step], last: Step, cooler: float, hotter: float
+    gov: StateMachine, trace: list[Step], last: Step, cooler: float, hotter: float
 ) -> tuple[Decision, Decision]:
     """Same history, same time, same everything but the final temperature: the two decisions."""
     _, t = play(gov, trace)
@@ -98,7 +98,7 @@ temps = st.tuples(st.floats(20.0, 110.0), st.floats(20.0, 110.0)).map(sorted)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(traces, step, temps)
 def test_a_hotter_reading_never_gives_more_threads_or_context(trace: list[Step], last: Step, pair: list[float]) -> None:
-    cool, hot = check_monotone(Governor(POLICY), trace, last, pair[0], pair[1])
+    cool, hot = check_monotone(StateMachine(POLICY), trace, last, pair[0], pair[1])
     assert hot.engine.n_ctx <= cool.engine.n_ctx
 
 
@@ -125,7 +125,7 @@ TIER = {t.name: i for i, t in enumerate(LADDER.tiers)}
 def test_with_memory_fit_hotter_never_gives_a_bigger_tier_or_context_on_one_tier(
     trace: list[Step], last: Step, pair: list[float]
 ) -> None:
-    gov = Governor(POLICY, ladder=LADDER, footprints=FOOTPRINTS)
+    gov = StateMachine(POLICY, ladder=LADDER, footprints=FOOTPRINTS)
     cool, hot = check_monotone(gov, trace, last, pair[0], pair[1])
     assert TIER[hot.engine.model] >= TIER[cool.engine.model]
     if hot.engine.model == cool.engine.model:
@@ -145,7 +145,7 @@ def test_noise_around_the_hot_threshold_does_not_flap(samples: list[tuple[float,
     policy: Policy = POLICY
     amplitude = scale * policy.thermal.hysteresis_c / 2  # anything under half the hysteresis band
     enter = 80.0 - policy.thermal.hot_margin_c
-    gov, t, out = Governor(policy), 0.0, []
+    gov, t, out = StateMachine(policy), 0.0, []
     for dt, u in samples:
         t += dt
         out.append(gov.decide(snap(enter + u * amplitude), BUSY, t))
@@ -160,7 +160,7 @@ def test_noise_around_the_hot_threshold_does_not_flap(samples: list[tuple[float,
 def test_battery_noise_around_the_low_threshold_does_not_flap(samples: list[tuple[float, float]], scale: float) -> None:
     bat = POLICY.battery
     amplitude = scale * bat.hysteresis_percent / 2
-    gov, t, out = Governor(POLICY), 0.0, []
+    gov, t, out = StateMachine(POLICY), 0.0, []
     for dt, u in samples:
         t += dt
         out.append(gov.decide(snap(50.0, percent=bat.low_percent + u * amplitude, plugged=False), None, t))
@@ -175,7 +175,7 @@ def test_battery_noise_around_the_low_threshold_does_not_flap(samples: list[tupl
 def test_noise_around_the_hot_exit_does_not_flap(samples: list[tuple[float, float]], scale: float) -> None:
     amplitude = scale * POLICY.thermal.hysteresis_c / 2
     exit_c = 80.0 - POLICY.thermal.hot_margin_c - POLICY.thermal.hysteresis_c
-    gov, t = Governor(POLICY), 0.0
+    gov, t = StateMachine(POLICY), 0.0
     for _ in range(5):
         gov.decide(snap(80.0), BUSY, t)
         t += 1.0
@@ -190,6 +190,6 @@ def test_noise_around_the_hot_exit_does_not_flap(samples: list[tuple[float, floa
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(traces)
 def test_same_inputs_same_decisions(trace: list[Step]) -> None:
-    first, _ = play(Governor(POLICY), trace)
-    second, _ = play(Governor(POLICY), trace)
+    first, _ = play(StateMachine(POLICY), trace)
+    second, _ = play(StateMachine(POLICY), trace)
     assert [d.model_dump() for d in first] == [d.model_dump() for d in second]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from governor.errors import GovernorError
+from govbase.errors import GovernorError
 from tests.governor.daemon.daemon_proc import INTERVAL_S, DaemonProc
 from tests.helpers import eventually
 

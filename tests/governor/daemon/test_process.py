@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from governor.errors import GovernorError
+from govbase.errors import GovernorError
 from policies.replay import read_trace
 from tests.governor.daemon.conftest import NotifySocket
 from tests.governor.daemon.daemon_proc import DaemonProc

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from govbase.errors import GovernorError
 from governor.clock import RealClock
 from governor.daemon.app import keep_alive, policy_loader, uevent_handler
 from governor.daemon.engine import SupervisedEngine, engine_command
 from governor.daemon.metrics import DaemonMetrics
 from governor.daemon.supervisor import EngineSupervisor, RestartPolicy
-from governor.errors import GovernorError
-from policies import Governor, load_policy
+from policies import StateMachine, load_policy
 from policies.decision import Decision, EngineConfig, State
 from policies.ladder import ModelLadder, ModelTier, load_ladder
 from policies.schema import EngineOptions
@@ -102,9 +102,9 @@ def test_engine_rss_is_read_from_outside_when_the_engine_does_not_say() -> None:
 
 def test_the_engine_gets_the_policys_keep_alive(tmp_path: Path) -> None:
     policy = load_policy("default").model_copy(update={"engine": EngineOptions(keep_alive_s=42.0)})
-    assert keep_alive(Governor(policy)) == 42.0
+    assert keep_alive(StateMachine(policy)) == 42.0
     cfg = EngineConfig(threads=1, n_ctx=512, kv_type="f16", model="small")
-    argv = engine_command(tmp_path / "l.toml", tmp_path / "e.sock", cfg, keep_alive_s=keep_alive(Governor(policy)))
+    argv = engine_command(tmp_path / "l.toml", tmp_path / "e.sock", cfg, keep_alive_s=keep_alive(StateMachine(policy)))
     assert argv[argv.index("--keep-alive") + 1] == "42"
     assert load_policy("default").engine.keep_alive_s == 300.0
 
@@ -116,7 +116,7 @@ def test_a_bench_device_file_is_the_device_models_prior_and_a_bad_one_is_refused
     device.write_text("[power]\nidle_w = 3.0\ncore_w = 0.9\nthread_tok_s = 7.5\n")
     load = policy_loader(load_ladder(demo_ladder), demo_ladder, (0.5, 0.75, 1.0), device)
     governor = load("default")
-    assert isinstance(governor, Governor)
+    assert isinstance(governor, StateMachine)
     assert governor.power.enabled
     assert governor.power.model.a == 7.5
     assert governor.power.model.idle_w == 3.0

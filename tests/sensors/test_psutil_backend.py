@@ -11,7 +11,7 @@ from typing import NamedTuple
 import psutil
 import pytest
 
-from sensors.procstats import CpuUtilisation, ProcessReading, ProcessStats, PsutilSampler
+from sensors.psutil_backend import CpuUtilisation, ProcessReading, ProcessStats, PsutilSampler
 from sensors.sampler import SensorSampler, make_sampler
 from sensors.snapshot import Battery, Cpu, Temperature, Trip
 from tests.helpers import eventually

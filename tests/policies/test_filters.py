@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from policies.pi import PIController
-from policies.signals import BusyWindow, Forecast, Trigger
+from policies.controller import PIController
+from policies.filters import BusyWindow, Forecast, Trigger
 
 
 def test_trigger_needs_the_condition_to_hold_for_the_debounce() -> None:

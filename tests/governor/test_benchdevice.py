@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from governor.engine.benchdevice import load_device_model
-from governor.errors import GovernorError
-from policies import Governor, load_policy
+from govbase.errors import GovernorError
+from governor.benchdevice import load_device_model
+from policies import StateMachine, load_policy
 
 
 @pytest.mark.slow
@@ -30,7 +30,7 @@ def test_measures_the_small_tier_and_writes_a_prior_the_policy_loads(demo_ladder
     assert prior.thread_tok_s > 0
     assert out.read_text().count("[[run]]") == 2 * 2 * 2  # KV types x threads x fills (clock not writable here)
     assert png.stat().st_size > 1000
-    gov = Governor(load_policy("default"), prior=prior)
+    gov = StateMachine(load_policy("default"), prior=prior)
     assert gov.power.model.a == prior.thread_tok_s
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from governor.errors import GovernorError
+from govbase.errors import GovernorError
 from sensors.events import UdevEvents
 from sensors.sampler import make_sampler
 from sensors.snapshot import Battery, Cpu, Memory, Snapshot

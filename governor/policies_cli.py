@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from governor.errors import GovernorError
-from policies.assemble import build_governor
+from govbase.errors import GovernorError
+from policies.assemble import build_state_machine
 from policies.loader import load_policy, resolve, shipped_profiles
 from policies.replay import decision_text, dumps, read_trace, replay
 
@@ -51,7 +51,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    governor = build_governor(args.policy, args.models)
+    governor = build_state_machine(args.policy, args.models)
     render = dumps if args.json else decision_text
     if args.trace == "-":
         stream = sys.stdin

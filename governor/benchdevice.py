@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from governor.errors import GovernorError
+from govbase.errors import GovernorError
 from policies.decision import EngineConfig, KvType
 from policies.schema import Power
 
