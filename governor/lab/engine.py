@@ -10,6 +10,10 @@ Decode speed per token (documented in docs/lab.md):
     contention        threads + background > cores: every runnable thread gets a share q = cores / (threads +
                       background) and the barrier at every graph step costs more: decode and prefill rates * q · e,
                       e = barrier_efficiency (0.48, calibrated on 2 cores: 2 threads beside a hog 25 tok/s, alone 78)
+
+The context follows the real engine's rules (docs/lab.md): a turn evaluates only its new tokens, an overflow shifts
+the cache (drops its older half), an n_ctx change copies the cache into the new context, and only a KV type or model
+change (or a restart) evaluates the conversation again.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ class EngineStats:
     truncated: int = 0
     failed: int = 0
     oom_kills: int = 0
-    reloads: int = 0
+    reloads: int = 0  # new KV cache: the conversation evaluated again
+    resizes: int = 0  # n_ctx changes that kept the cache
+    shifts: int = 0  # context shifts (the oldest half of the cache dropped, the rest kept)
     ttft_s: list[float] = field(default_factory=list)
     rate_samples: list[tuple[float, float]] = field(default_factory=list)  # (tokens/s, seconds) while decoding
 
@@ -54,6 +60,7 @@ class EngineSim:
         self.ctx = 0.0  # tokens held in the KV cache
         self.history = 0.0  # tokens of the conversation so far (what a reload must evaluate again)
         self._pending_history = 0.0  # history to evaluate before the next prompt (after a reload)
+        self._keep = 0.0  # the system prompt's tokens, which a context shift keeps
         self.queue: deque[Request] = deque()
         self.current: Request | None = None
         self.prefill_left = 0.0
@@ -77,26 +84,55 @@ class EngineSim:
         self._kv_per_tok = tier.kv_bytes_per_token(config.kv_type)
         self._weights = tier.weights_mb * MB
         self._footprint = self.spec.footprint_bytes(tier, config.n_ctx, config.kv_type)
-        if old is None or (old.model, old.n_ctx, old.kv_type) != (config.model, config.n_ctx, config.kv_type):
-            self._reload(t, delay_s=0.0)
+        if old is None or old.model != config.model:
+            self._reload(t, delay_s=0.0, weights=True)
+        elif old.kv_type != config.kv_type:
+            self._reload(t, delay_s=0.0, weights=False)
+        elif old.n_ctx != config.n_ctx:
+            self._resize(t)
 
-    def _reload(self, t: float, delay_s: float) -> None:
-        """A new context (or model) means a fresh KV cache: the kept conversation is evaluated again."""
+    def _resize(self, t: float) -> None:
+        """An n_ctx change with the same model and KV type: a new context, the sequence's cache copied into it
+        (`llama_state_seq_get_data` / `_set_data`), shifted first if it would not fit. Nothing is evaluated again."""
+        assert self.config is not None
+        self.stats.resizes += 1
+        self.ready_s = max(self.ready_s, t + self.spec.context_s)
+        if self.current is not None:
+            self._shift(self.prefill_left + self.answer_left)
+            self.answer_left = max(0.0, min(self.answer_left, self.config.n_ctx - self.ctx - self.prefill_left))
+        else:
+            self._shift(0.0)
+            self.history = self.ctx + self._pending_history
+
+    def _reload(self, t: float, delay_s: float, *, weights: bool) -> None:
+        """A new KV type or model means a fresh KV cache: the kept conversation (up to half the new context) is
+        evaluated again, in n_batch chunks that a newer change interrupts (the sim applies a change at once)."""
         assert self.tier is not None
         assert self.config is not None
         self.stats.reloads += 1
-        self.loaded = False
-        cached = self.tier.name in self._cached
-        speed = self.spec.cached_load_mb_s if cached else self.spec.load_mb_s
-        self.ready_s = t + delay_s + self.spec.context_s + self.tier.weights_mb / speed
-        self._cached.add(self.tier.name)
+        load_s = self.spec.context_s
+        if weights:
+            self.loaded = False
+            cached = self.tier.name in self._cached
+            load_s += self.tier.weights_mb / (self.spec.cached_load_mb_s if cached else self.spec.load_mb_s)
+            self._cached.add(self.tier.name)
+        self.ready_s = t + delay_s + load_s
         half = self.config.n_ctx // 2
         if self.current is not None:
             self.prefill_left = min(self.ctx + self.prefill_left, half)
             self.answer_left = min(self.answer_left, self.config.n_ctx - self.prefill_left)
         else:
-            self.history = self._pending_history = min(self.history, half)
+            self.history = self._pending_history = min(self.ctx + self._pending_history, half)
         self.ctx = 0.0
+
+    def _shift(self, need: float) -> None:
+        """Context shift (llama-server's `--context-shift`): drop the older half of the cache after the kept system
+        tokens (`llama_memory_seq_rm` + `llama_memory_seq_add`) until `need` more tokens fit; the rest stays cached."""
+        assert self.config is not None
+        n_ctx = self.config.n_ctx
+        while self.ctx + need > n_ctx and self.ctx - self._keep >= 2:
+            self.ctx -= (self.ctx - self._keep) // 2
+            self.stats.shifts += 1
 
     def footprint_bytes(self) -> int:
         return self._footprint
@@ -112,7 +148,7 @@ class EngineSim:
             self.stats.failed += 1
             self.current = None
             self.finished.append(t)
-        self._reload(t, delay_s=self.spec.restart_s)
+        self._reload(t, delay_s=self.spec.restart_s, weights=True)
 
     # --- serving ---
 
@@ -127,16 +163,18 @@ class EngineSim:
         n_ctx = self.config.n_ctx
         if request.new_conversation:
             self.ctx, self.history, self._pending_history = 0.0, 0.0, 0.0
+            self._keep = float(request.system_tokens)
             prefill = float(request.system_tokens + request.prompt_tokens)
         else:
+            need = self._pending_history + request.prompt_tokens + request.answer_tokens
+            if self._pending_history and self.ctx + need > n_ctx:
+                # re-evaluating after a reload: nothing cached to shift, trim what is evaluated (n_keep/n_discard)
+                self._pending_history = max(0.0, min(self._pending_history, n_ctx // 2 - request.prompt_tokens))
+            elif self.ctx + need > n_ctx:
+                self._shift(need)  # prefix reuse: only the new prompt is evaluated after the shift
             prefill = self._pending_history + request.prompt_tokens
             self._pending_history = 0.0
-        if self.ctx + prefill + request.answer_tokens > n_ctx:
-            # trim the history to the most recent half of the context and evaluate it again (n_keep/n_discard)
-            keep = max(0.0, min(self.history, n_ctx // 2 - request.prompt_tokens))
-            self.ctx, self.history = 0.0, keep
-            prefill = keep + request.prompt_tokens
-        if prefill >= n_ctx:
+        if self.ctx + prefill >= n_ctx:
             self.stats.failed += 1  # the prompt alone does not fit: llama.cpp raises ValueError
             self.finished.append(now)
             return
@@ -158,10 +196,9 @@ class EngineSim:
         busy (big, little) cores in the step."""
         if self.config is None or self.tier is None:
             return 0.0, 0.0
-        if not self.loaded:
-            if t + h <= self.ready_s:
-                return 0.0, 0.0
-            self.loaded = True
+        if t + h <= self.ready_s:
+            return 0.0, 0.0
+        self.loaded = True
         cfg, tier = self.config, self.tier
         share = self.share(background)
         slowdown = 1.0 if share >= 1.0 else share * self.spec.barrier_efficiency

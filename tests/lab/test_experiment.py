@@ -91,6 +91,16 @@ def test_shipped_policy_generates_more_tokens_than_none(device_name: str, policy
     assert governed.tokens > ungoverned.tokens, (governed, ungoverned)
 
 
+@pytest.mark.parametrize(("device_name", "policy_name"), SHIPPED + [(device, "default") for device, _ in SHIPPED])
+def test_a_long_chat_has_no_first_token_spikes(device_name: str, policy_name: str) -> None:
+    """Issue 11: with context shift and a cache kept across n_ctx changes, no turn re-evaluates the conversation."""
+    s = run(device_name, policy_name).summary
+    assert s.ttft_p50_s is not None
+    assert s.ttft_p95_s is not None
+    assert s.ttft_p95_s <= 3 * s.ttft_p50_s, s
+    assert s.failed == 0
+
+
 def test_plugging_the_charger_wakes_the_loop_at_once_like_a_uevent() -> None:
     device = load_device("phone")
     workload = WorkloadSpec(

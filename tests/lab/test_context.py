@@ -1,0 +1,70 @@
+"""The simulated engine follows the real engine's context rules (issue 11): a context shift keeps the cache, a turn
+evaluates only its new tokens, an n_ctx change keeps the cache, a KV type or model change evaluates it again."""
+
+from __future__ import annotations
+
+import pytest
+
+from governor.lab.device import load_device
+from governor.lab.engine import EngineSim
+from governor.lab.workload import Request
+from policies.decision import EngineConfig
+
+PI = load_device("raspberry-pi-5")
+BIG, SMALL = PI.engine.model[0], PI.engine.model[1]
+
+
+def turn(engine: EngineSim, t: float, prompt: int, answer: int) -> float:
+    """One chat turn, run to its end; returns the time it ended."""
+    engine.submit(Request(t, prompt_tokens=prompt, answer_tokens=answer, new_conversation=False, system_tokens=0))
+    while engine.busy():
+        engine.step(t, 0.25, 1.0)
+        t += 0.25
+    return t
+
+
+def engine_at(n_ctx: int, model: str = BIG.name) -> EngineSim:
+    engine = EngineSim(PI.engine, PI.cpu)
+    engine.apply(EngineConfig(threads=4, n_ctx=n_ctx, model=model), 0.0)
+    return engine
+
+
+def test_a_chat_outgrowing_the_context_shifts_it_and_evaluates_only_new_prompts() -> None:
+    engine, t = engine_at(1024), 0.0
+    for _ in range(12):  # 12 x 300 tokens: outgrows 1024 several times
+        t = turn(engine, t, prompt=100, answer=200)
+    assert engine.stats.shifts >= 3
+    assert engine.stats.prefill_tokens == pytest.approx(12 * 100)  # never the history again
+    assert engine.stats.truncated == 0
+    assert engine.stats.tokens == pytest.approx(12 * 200)
+    assert engine.ctx <= 1024
+    ttft = engine.stats.ttft_s[1:]  # the first waited for the load
+    assert max(ttft) < 1.2 * min(ttft)  # a turn after a shift costs what any other does (the same prompt size)
+
+
+def test_an_n_ctx_change_keeps_the_cache_and_a_kv_change_evaluates_it_again() -> None:
+    engine, t = engine_at(2048), 0.0
+    t = turn(engine, t, prompt=100, answer=300)
+    engine.apply(EngineConfig(threads=4, n_ctx=1024, model=BIG.name), t)  # still fits: copied as it is
+    assert (engine.stats.reloads, engine.stats.resizes) == (1, 1)
+    assert engine.ctx == pytest.approx(400)
+    t = turn(engine, t, prompt=100, answer=300)
+    assert engine.stats.prefill_tokens == pytest.approx(200)
+    engine.apply(EngineConfig(threads=4, n_ctx=512, model=BIG.name), t)  # 800 cached > 512: shifted, then copied
+    assert engine.stats.resizes == 2
+    assert 0 < engine.ctx <= 512
+    assert engine.stats.prefill_tokens == pytest.approx(200)
+    kept = engine.ctx
+    engine.apply(EngineConfig(threads=4, n_ctx=512, kv_type="q8_0", model=BIG.name), t)  # new cache: evaluated again
+    t = turn(engine, t, prompt=50, answer=100)
+    assert engine.stats.reloads == 2
+    assert engine.stats.prefill_tokens == pytest.approx(200 + min(kept, 256) + 50)
+
+
+def test_an_n_ctx_change_costs_a_context_and_a_model_change_a_load() -> None:
+    engine, t = engine_at(2048), 0.0
+    t = turn(engine, t, prompt=100, answer=100)
+    engine.apply(EngineConfig(threads=4, n_ctx=1024, model=BIG.name), t)
+    assert engine.ready_s == pytest.approx(t + PI.engine.context_s)
+    engine.apply(EngineConfig(threads=4, n_ctx=1024, model=SMALL.name), t)
+    assert engine.ready_s == pytest.approx(t + PI.engine.context_s + SMALL.weights_mb / PI.engine.load_mb_s)
