@@ -3,7 +3,8 @@
     e = setpoint - T;  u = clamp(k·e + k_i·(I + e·dt))   with k = k_pu when e >= 0, k_po when e < 0
 
 - Anti-windup: the integral only takes the new e·dt when the unclamped output lies inside [0, 1].
-- Bumpless start: `start()` seeds I so that the first output equals the level the engine is at.
+- Bumpless start: `start()` seeds I so that the output equals the level the engine is at (at once above the
+  setpoint; at the setpoint when it starts below it, so the approach never sags under that level).
 - Monotone: for one history (same I), a hotter reading gives a smaller or equal u, because u is `clamp` of a
   function increasing in e (both gains are positive) and the integral update does not feed back into this tick's u.
 """
@@ -37,7 +38,11 @@ class PIController:
         return (self.k_pu if error >= 0 else self.k_po) * error
 
     def start(self, setpoint_c: float, temp_c: float, level: float, t: float) -> None:
-        error = setpoint_c - temp_c
+        """Seed the integral. Above the setpoint the first output is `level` (bumpless). Below it the output at the
+        setpoint is `level`: a seed that made only this tick's output equal `level` would leave the integral negative
+        (it pays for the P term of an error that is about to shrink), and the output would sag under `level` on the
+        way up to the setpoint, capping an engine the kernel would not yet throttle."""
+        error = min(0.0, setpoint_c - temp_c)
         if self.k_i > 0:
             self.integral, self.bias = (level - self._p(error)) / self.k_i, 0.0
         else:

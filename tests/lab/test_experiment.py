@@ -166,3 +166,14 @@ def test_on_a_compute_bound_board_the_clock_beats_threads() -> None:
     assert with_clock.j_per_token is not None
     assert without.j_per_token is not None
     assert with_clock.j_per_token < without.j_per_token
+
+
+@pytest.mark.parametrize("policy_name", ["raspberry-pi", "default"])
+def test_where_the_kernel_would_not_throttle_governing_costs_nothing(policy_name: str) -> None:
+    """Bursts on the compute-bound board peak under the trip even ungoverned: the forecast enters hot, but nothing
+    may be cut before the setpoint (the PI's start once sagged there and lost 0.3 % of the tokens)."""
+    device, burst = load_device("pi4-closed-case"), load_workload("burst")
+    governed = simulate(device, decider_for(load_policy(policy_name), device), burst, policy_name=policy_name)
+    ungoverned = simulate(device, Ungoverned(device), burst, policy_name=NONE)
+    assert ungoverned.summary.throttled_pct == 0.0
+    assert governed.summary.tokens >= ungoverned.summary.tokens

@@ -79,8 +79,18 @@ def test_busy_window_irregular_ticks() -> None:
 
 def test_pi_bumpless_start_gives_the_current_level() -> None:
     pi = PIController.with_defaults(77.0, 70.0, None, None, None)
-    pi.start(77.0, 74.0, level=0.6, t=0.0)
-    assert pi.update(77.0, 74.0, 0.0) == pytest.approx(0.6)
+    pi.start(77.0, 78.0, level=0.6, t=0.0)
+    assert pi.update(77.0, 78.0, 0.0) == pytest.approx(0.6)
+
+
+def test_pi_started_below_the_setpoint_does_not_sag_on_the_way_up() -> None:
+    """Entered on a forecast at 74 °C with the engine at full power: until the setpoint nothing is cut (the
+    kernel would not throttle either); a seed that matched only the first output sagged to ~0.2 at 76.9 °C."""
+    pi = PIController.with_defaults(77.0, 70.0, None, None, None)
+    pi.start(77.0, 74.0, level=1.0, t=0.0)
+    outs = [pi.update(77.0, temp, float(i)) for i, temp in enumerate([74.0, 75.0, 76.0, 76.5, 76.9, 77.0], 1)]
+    assert outs == [1.0] * 6
+    assert pi.update(77.0, 77.5, 7.0) < 1.0  # over the setpoint it cuts at once
 
 
 def test_pi_default_gains_follow_power_allocator() -> None:
@@ -112,5 +122,8 @@ def test_pi_hotter_reading_never_gives_more() -> None:
 
 def test_pi_pure_p_controller_keeps_the_bumpless_start() -> None:
     pi = PIController.with_defaults(77.0, 70.0, None, None, 0.0)
-    pi.start(77.0, 75.0, level=0.3, t=0.0)
-    assert pi.update(77.0, 75.0, 1.0) == pytest.approx(0.3)
+    pi.start(77.0, 78.0, level=0.3, t=0.0)
+    assert pi.update(77.0, 78.0, 1.0) == pytest.approx(0.3)
+    below = PIController.with_defaults(77.0, 70.0, None, None, 0.0)
+    below.start(77.0, 75.0, level=0.3, t=0.0)
+    assert below.update(77.0, 77.0, 1.0) == pytest.approx(0.3)  # the level holds at the setpoint
