@@ -1,0 +1,144 @@
+"""The public-socket proxy against a scripted engine: what a client receives for whole, broken and odd answers."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import h11
+import pytest
+
+from governor.daemon.proxy import ProxyServer
+from governor.daemon.supervisor import Availability
+
+SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+class Gate:
+    def availability(self) -> Availability:
+        return Availability(ready=True, given_up=False, reason="", retry_after_s=0)
+
+    def request_started(self, *, chat: bool) -> int:
+        return 1
+
+    def request_ended(self, start: int) -> None:
+        pass
+
+    def exit_of(self, start: int) -> str | None:
+        return "engine killed by SIGSEGV after 1.0 s"
+
+
+class ScriptedEngine:
+    """Answers every request on a Unix socket with `parts`, written one by one, then closes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.parts = path, [b""]
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        assert self._ready.wait(10)
+
+    def _run(self) -> None:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            for part in self.parts:
+                writer.write(part)
+                await writer.drain()
+            writer.close()
+
+        async def main() -> None:
+            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+            async with await asyncio.start_unix_server(handle, str(self.path)):
+                self._ready.set()
+                await self._stop.wait()
+
+        asyncio.run(main())
+
+    def close(self) -> None:
+        assert self._loop is not None
+        assert self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(5)
+
+
+@pytest.fixture
+def proxied(tmp_path: Path) -> Iterator[tuple[ScriptedEngine, Path]]:
+    engine = ScriptedEngine(tmp_path / "e-child.sock")
+    proxy = ProxyServer(tmp_path / "e.sock", engine.path, Gate(), hold_s=1.0, drain_s=1)
+    proxy.start()
+    yield engine, tmp_path / "e.sock"
+    proxy.close(5.0)
+    engine.close()
+
+
+def ask(public: Path) -> tuple[int, bytes]:
+    """POST a chat request through the proxy; the status and the (de-chunked) body the client got."""
+    conn = h11.Connection(h11.CLIENT)
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(10)
+        sock.connect(str(public))
+        head = [(b"host", b"x"), (b"content-length", b"2"), (b"connection", b"close")]
+        sock.sendall(conn.send(h11.Request(method="POST", target="/v1/chat/completions", headers=head)))
+        sock.sendall(conn.send(h11.Data(data=b"{}")) + conn.send(h11.EndOfMessage()))
+        status, body = 0, b""
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                conn.receive_data(sock.recv(65536))
+            elif isinstance(event, h11.Response):
+                status = event.status_code
+            elif isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                return status, body
+
+
+def test_a_streamed_answer_arrives_whole_and_in_order(proxied: tuple[ScriptedEngine, Path]) -> None:
+    engine, public = proxied
+    events = [b'data: {"n": %d}\n\n' % i for i in range(20)] + [b"data: [DONE]\n\n"]
+    engine.parts = [SSE_HEAD, *(chunk(e) for e in events), b"0\r\n\r\n"]
+    assert ask(public) == (200, b"".join(events))
+
+
+def test_informational_answers_are_skipped(proxied: tuple[ScriptedEngine, Path]) -> None:
+    engine, public = proxied
+    engine.parts = [b"HTTP/1.1 100 Continue\r\n\r\n", SSE_HEAD, chunk(b"data: [DONE]\n\n"), b"0\r\n\r\n"]
+    assert ask(public) == (200, b"data: [DONE]\n\n")
+
+
+def test_a_stream_cut_short_ends_with_an_error_event_and_done(proxied: tuple[ScriptedEngine, Path]) -> None:
+    engine, public = proxied
+    engine.parts = [SSE_HEAD, chunk(b'data: {"n": 0}\n\n')]  # then the engine dies
+    status, body = ask(public)
+    assert status == 200
+    first, error, done = body.split(b"\n\n")[:3]
+    assert first == b'data: {"n": 0}'
+    assert b"engine_died" in error
+    assert b"SIGSEGV" in error
+    assert done == b"data: [DONE]"
+
+
+def test_a_json_answer_cut_short_is_a_502_not_half_a_json(proxied: tuple[ScriptedEngine, Path]) -> None:
+    engine, public = proxied
+    engine.parts = [b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n", b'{"id": "x"']
+    status, body = ask(public)
+    assert status == 502
+    assert b"engine_died" in body
+    assert b'"id"' not in body
+
+
+def test_garbage_from_the_engine_is_a_502(proxied: tuple[ScriptedEngine, Path]) -> None:
+    engine, public = proxied
+    engine.parts = [b"SMTP ready\r\n\r\n"]
+    status, body = ask(public)
+    assert status == 502
+    assert b"engine_died" in body
