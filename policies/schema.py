@@ -224,6 +224,19 @@ class Contention(StrictModel):
         return self
 
 
+class Slo(StrictModel):
+    """Service-level targets for a chat request, and when the daemon may send one off the device to meet them
+    (only to an upstream the daemon's config names: no upstream, no routing). None: no target of that kind."""
+
+    min_tokens_per_s: TokensPerS | None = None  # decode speed the user needs (e.g. reading speed, ~5-10 tok/s)
+    max_ttft_s: float | None = Field(default=None, gt=0, le=600)  # time to the first token
+    # Hysteresis on the way back: off the device until the prediction beats the target by this fraction ...
+    back_margin: Fraction = 0.15
+    back_after_s: Seconds = 10.0  # ... continuously for this long (ticks judge it, not only requests)
+    # "about to cross": the battery this close above low (on battery power) counts as low already
+    battery_margin_percent: Percent = 2.0
+
+
 class Policy(StrictModel):
     name: str = Field(default="custom", max_length=200)
     description: str = Field(default="", max_length=10_000)
@@ -236,6 +249,7 @@ class Policy(StrictModel):
     power: Power = Power()
     engine: EngineOptions = EngineOptions()
     contention: Contention = Contention()
+    slo: Slo = Slo()
     states: dict[Annotated[State, Strict(False)], Profile]  # TOML keys are strings; State validates them
 
     @field_validator("states")

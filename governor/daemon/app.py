@@ -15,6 +15,7 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -26,7 +27,7 @@ from governor.daemon.freqcap import FreqCap
 from governor.daemon.holds import HoldRegistry
 from governor.daemon.metrics import DaemonMetrics
 from governor.daemon.notify import Notifier
-from governor.daemon.runtime import Closeable, Daemon
+from governor.daemon.runtime import Daemon
 from governor.daemon.state import DaemonState
 from governor.daemon.supervisor import EngineSupervisor, SupervisedDecider
 from governor.daemon.watch import EngineWatch
@@ -37,6 +38,10 @@ from policies.ladder import ModelLadder, load_ladder
 from sensors.events import UdevEvent, UdevEvents
 from sensors.root import Root
 from sensors.sampler import make_sampler
+
+if TYPE_CHECKING:
+    from governor.daemon.routing import Router
+    from policies.schema import Policy
 
 
 def ladder_path(config: DaemonConfig) -> Path:
@@ -98,6 +103,25 @@ def uevent_handler(sensors: object, wake: threading.Event) -> Callable[[UdevEven
         wake.set()
 
     return on_uevent
+
+
+def make_router(
+    config: DaemonConfig, env: Mapping[str, str], decider: SupervisedDecider, watch: EngineWatch, metrics: DaemonMetrics
+) -> Router:
+    """Routing to the config's upstreams, judged against the policy in force and the engine's pushed status."""
+    from governor.daemon.routing import build_router
+
+    def policy() -> Policy | None:
+        from policies import StateMachine
+
+        inner = decider.inner
+        return inner.policy if isinstance(inner, StateMachine) else None
+
+    def engine_status() -> dict[str, Any] | None:
+        status = watch.status
+        return None if status is None else status.model_dump()
+
+    return build_router(config.upstream, env, policy=policy, engine_status=engine_status, metrics=metrics)
 
 
 def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str, str] | None = None) -> Daemon:
@@ -200,6 +224,7 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
     )
     from governor.daemon.proxy import ProxyServer  # uvicorn and h11 load here, once the config is known good
 
+    router = make_router(config, env, decider, watch, metrics)
     proxy = ProxyServer(
         config.engine_socket,
         config.engine_child_socket,
@@ -207,8 +232,8 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
         hold_s=config.request_hold_s,
         drain_s=math.ceil(config.drain_timeout_s + config.stop_timeout_s),
         group=config.group,
+        router=router,
     )
-    closeables: tuple[Closeable, ...] = (client, sensors, freq)  # freq: restores the CPU limits it found
     return Daemon(
         config=config,
         clock=clock,
@@ -223,6 +248,7 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
         metrics=metrics,
         notifier=Notifier(env),
         events=events,
-        closeables=closeables,
+        closeables=(client, sensors, freq),  # freq: restores the CPU limits it found
         actuators={"cpufreq": freq.status},
+        router=router,
     )

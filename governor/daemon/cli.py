@@ -100,15 +100,20 @@ def _status(args: argparse.Namespace) -> int:
 def _why(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from governor.daemon.render import why_table
+    from governor.daemon.render import routes_table, why_table
 
     client = _client(args)
-    decisions = client.request("why", n=args.n)["decisions"]
+    answer = client.request("why", n=args.n)
+    decisions, routes = answer["decisions"], answer.get("routes") or []
     if args.json:
         for d in decisions:
             print(json.dumps(d))
+        for r in routes:
+            print(json.dumps({"request": r}))
     else:
         why_table(decisions, Console())
+        if routes:
+            routes_table(routes, Console())
     return 0
 
 

@@ -13,6 +13,11 @@
     initial_s = 1.0
     max_s = 60.0
     max_failures = 5
+    [[upstream]]                       # any number; none: every request runs on the device (docs/routing.md)
+    name = "lan"
+    base_url = "http://localhost/v1"   # OpenAI-compatible
+    socket = "/path/to/engine.sock"    # optional: reach base_url over this Unix socket
+    api_key_file = "/etc/governor/lan.key"  # optional (or api_key_env = "LAN_KEY")
 
 Command-line flags override the file; the file overrides the defaults.
 """
@@ -23,9 +28,10 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from govbase.errors import GovernorError
 from governor.daemon.supervisor import RestartPolicy
@@ -40,6 +46,47 @@ from policies.loader import (  # the policy files' reader and line finder: tomll
 
 class ConfigError(GovernorError):
     pass
+
+
+Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
+ModelName = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class Upstream(BaseModel):
+    """An OpenAI-compatible endpoint a request may be sent to when the device cannot meet the policy's [slo].
+    The API key is named here (a file or an environment variable), never written: it is read at start and sent
+    only to this endpoint, never logged or shown."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    name: Name
+    base_url: str = Field(min_length=1, max_length=2000)  # e.g. "http://192.168.1.20:8080/v1"
+    socket: Path | None = Field(default=None, strict=False)  # reach base_url over this Unix socket
+    api_key_file: Path | None = Field(default=None, strict=False)
+    api_key_env: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    model: ModelName | None = None  # the upstream's model for every request (absent: the request's own)
+    models: dict[ModelName, ModelName] = Field(default_factory=dict, max_length=1000)  # request's model -> upstream's
+    timeout_s: float = Field(default=60.0, gt=0, le=3600)  # connect + first token, and between two tokens
+    order: int = Field(default=0, ge=0, le=1_000_000)  # lower first; ties keep the file's order
+    retry_after_s: float = Field(default=30.0, ge=0, le=3600)  # after a failure, skipped this long
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{url!r}: an http:// or https:// URL with a host (e.g. http://localhost:8080/v1)")
+        if parts.username or parts.password:
+            raise ValueError("put credentials in api_key_file or api_key_env, not in the URL")
+        if parts.query or parts.fragment:
+            raise ValueError(f"{url!r}: no query or fragment (the API paths are appended to it)")
+        return url.rstrip("/")
+
+    @model_validator(mode="after")
+    def _one_key(self) -> Upstream:
+        if self.api_key_file is not None and self.api_key_env is not None:
+            raise ValueError("api_key_file or api_key_env, not both")
+        return self
 
 
 class DaemonConfig(BaseModel):
@@ -60,6 +107,16 @@ class DaemonConfig(BaseModel):
     stop_timeout_s: float = Field(default=10.0, gt=0, le=3600)  # beyond the drain, before the engine is killed
     request_hold_s: float = Field(default=10.0, ge=0, le=600)  # a request waits this long for a (re)starting engine
     restart: RestartPolicy = RestartPolicy()
+    upstream: tuple[Upstream, ...] = Field(default=(), max_length=32, strict=False)  # TOML [[upstream]]
+
+    @field_validator("upstream")
+    @classmethod
+    def _unique(cls, upstreams: tuple[Upstream, ...]) -> tuple[Upstream, ...]:
+        names = [u.name for u in upstreams]
+        dup = next((n for n in names if names.count(n) > 1), None)
+        if dup is not None:
+            raise ValueError(f"two upstreams named {dup!r}")
+        return tuple(sorted(upstreams, key=lambda u: u.order))
 
     @property
     def engine_child_socket(self) -> Path:

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, write_to_textfile
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, write_to_textfile
 
 from policies.decision import Decision, State
 from sensors.snapshot import EngineObservation, Snapshot
@@ -42,6 +42,20 @@ class DaemonMetrics:
         self.changes = Counter("governor_decision_changes", "Decisions that changed the engine config", registry=r)
         self.ticks = Counter("governor_ticks", "Loop ticks", registry=r)
         self.supervision = Gauge("governor_supervisor", "Engine supervision figures", ["figure"], registry=r)
+        # Routing (docs/routing.md): where chat requests ran and why, upstream failures, latencies by route.
+        self.requests = Counter(
+            "governor_requests", "Chat requests by route (local, upstream) and reason", ["route", "reason"], registry=r
+        )
+        self.upstream_errors = Counter(
+            "governor_upstream_errors", "Upstream failures by phase", ["upstream", "phase"], registry=r
+        )
+        buckets = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
+        self.ttft = Histogram(
+            "governor_request_ttft_seconds", "Time to first token by route", ["route"], buckets=buckets, registry=r
+        )
+        self.duration = Histogram(
+            "governor_request_seconds", "Whole chat request by route", ["route"], buckets=buckets, registry=r
+        )
         self._extra = extra
         self.textfile = textfile
         self._written_t = -math.inf
@@ -58,6 +72,17 @@ class DaemonMetrics:
         if self.textfile is not None and t - self._written_t >= TEXTFILE_EVERY_S:
             self.write_textfile()
             self._written_t = t
+
+    def routed(self, route: str, reason: str) -> None:
+        self.requests.labels(route, reason).inc()
+
+    def upstream_error(self, upstream: str, phase: str) -> None:
+        self.upstream_errors.labels(upstream, phase).inc()
+
+    def latency(self, route: str, ttft_s: float | None, total_s: float) -> None:
+        if ttft_s is not None:
+            self.ttft.labels(route).observe(ttft_s)
+        self.duration.labels(route).observe(total_s)
 
     def _update(self) -> None:
         if self._last is None:

@@ -22,48 +22,40 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import grp
-import json
 import os
 import threading
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any, Protocol
 
-import h11
-import httptools
 import structlog
 import uvicorn
 
 from govbase.errors import GovernorError
 from governor import unixsock
+from governor.daemon import upstream as routed
+from governor.daemon.proxylink import (
+    LOCAL,
+    Broken,
+    EngineLink,
+    QuietServer,
+    Receive,
+    Send,
+    disconnected,
+    error_body,
+    forwarded,
+    send_error,
+)
+from governor.daemon.routing import ChatInfo, Route, Router, chat_info
 from governor.daemon.supervisor import Availability
 
 Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 UpstreamRequest = tuple[bytes, bytes, list[tuple[bytes, bytes]], bytes]  # method, target, headers, body
 
 POLL_S = 0.05  # how often a held request looks at the engine's availability
 DEATH_WAIT_S = 3.0  # after the upstream connection broke, how long to wait for the supervisor's word on why
 MAX_BODY = 16 * 2**20  # the proxy's own bound (the engine's limits per path are lower and answer for themselves)
-READ_CHUNK = 64 * 2**10
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
-HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-        b"host",
-        b"content-length",
-        b"expect",  # uvicorn answers 100-continue to the client; the body goes upstream in one piece
-    }
-)
 
 
 class ProxyError(GovernorError):
@@ -83,123 +75,13 @@ class EngineGate(Protocol):
     def exit_of(self, start: int) -> str | None: ...
 
 
-def error_body(message: str, code: str) -> bytes:
-    """The OpenAI error shape, as the engine itself answers it (governor.engine.app.error)."""
-    return json.dumps({"error": {"message": message, "type": "server_error", "param": None, "code": code}}).encode()
-
-
-async def _send_error(send: Send, status: int, message: str, code: str, retry_after_s: int | None = None) -> None:
-    body = error_body(message, code)
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if retry_after_s is not None:
-        headers.append((b"retry-after", str(retry_after_s).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-def _forwarded(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    return [(k.lower(), v) for k, v in headers if k.lower() not in HOP_BY_HOP]
-
-
-async def _disconnected(receive: Receive) -> None:
-    """Returns when the client goes away (or the response is complete: uvicorn then answers http.disconnect)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-class _Upstream:
-    """One HTTP/1.1 exchange with the engine on its Unix socket: an asyncio stream (the socket stays registered with
-    the loop, so a token costs one read), h11 to frame the request and httptools (C, llhttp) to parse the answer: h11's
-    pure-Python chunk parser was 40 % of the proxy's CPU per token (issue 16). Every body piece that arrived by one
-    read is handed on as one: a client that fell behind gets the tokens that piled up in one chunk. A fresh
-    connection per request: connecting to a local socket costs microseconds, and a dead engine's connections never
-    need weeding out of a pool."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._parser = httptools.HttpResponseParser(self)
-        self._head_only = False  # an answer to HEAD has no body, whatever its content-length says
-        self._headers: list[tuple[bytes, bytes]] = []
-        self._status: int | None = None
-        self._body: list[bytes] = []
-        self._complete = False
-
-    async def send(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        """Raises OSError (refused, missing) before anything reached the engine."""
-        self._reader, self._writer = await asyncio.open_unix_connection(str(self.path), limit=READ_CHUNK)
-        self._head_only = method == b"HEAD"
-        conn = h11.Connection(h11.CLIENT)
-        head = [(b"host", b"engine"), *headers, (b"content-length", str(len(body)).encode())]
-        data = conn.send(h11.Request(method=method, target=target, headers=head))
-        data += conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage())
-        self._writer.write(data)
-        await self._writer.drain()
-
-    # httptools' callbacks. An informational answer (1xx) comes and completes before the real one: skipped.
-    def on_message_begin(self) -> None:
-        self._headers = []
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name, value))
-
-    def on_headers_complete(self) -> None:
-        status = self._parser.get_status_code()
-        if status >= 200:
-            self._status = status
-            self._complete = self._head_only
-
-    def on_body(self, body: bytes) -> None:
-        self._body.append(body)
-
-    def on_message_complete(self) -> None:
-        if self._status is not None:
-            self._complete = True
-
-    async def _read(self) -> None:
-        """Feed the parser the next bytes; raises `_Broken` when the engine's side closed or broke first."""
-        assert self._reader is not None
-        try:
-            data = await self._reader.read(READ_CHUNK)
-        except OSError as exc:
-            raise _Broken(str(exc)) from exc
-        if not data:
-            raise _Broken("the engine closed the connection")
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            raise _Broken(f"bad answer from the engine: {exc}") from exc
-
-    async def head(self) -> tuple[int, list[tuple[bytes, bytes]]]:
-        while self._status is None:
-            await self._read()
-        return self._status, self._headers
-
-    async def body(self) -> bytes | None:
-        """The body bytes that arrived since the last call (waiting for some), or None after the last."""
-        while not self._body and not self._complete:
-            await self._read()
-        if not self._body:
-            return None
-        data = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        self._body.clear()
-        return data
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()  # mid-answer, this is how the engine learns the client left
-
-
-class _Broken(Exception):
-    """The engine's connection closed or broke before its answer was complete."""
-
-
 class ProxyApp:
     """The ASGI app: every request on the public socket goes to the engine's private socket, or gets a clear 5xx."""
 
-    def __init__(self, upstream: Path, gate: EngineGate, *, hold_s: float) -> None:
+    def __init__(self, upstream: Path, gate: EngineGate, *, hold_s: float, router: Router | None = None) -> None:
         self.upstream, self.gate, self.hold_s = upstream, gate, hold_s
+        self.router = router if router is not None and router.enabled else None
+        self._clients: dict[str, Any] = {}  # upstream name -> httpx.AsyncClient, made on this loop at first use
         self._log = structlog.get_logger("governor.proxy")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -227,18 +109,26 @@ class ProxyApp:
                 raise _TooLarge  # refused before reading: a 50 MB body never sits in the daemon's memory
             body = await self._body(receive)
         except _TooLarge:
-            await _send_error(send, 413, f"request body larger than {MAX_BODY} bytes", "body_too_large")
+            await send_error(send, 413, f"request body larger than {MAX_BODY} bytes", "body_too_large")
             return
         if body is None:
             return  # the client left before it finished sending
         target = scope.get("raw_path") or scope["path"].encode()
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
-        request = (scope["method"].encode(), target, _forwarded(scope["headers"]), body)
         chat = scope["method"] == "POST" and scope["path"] in CHAT_PATHS
+        info = chat_info(body) if chat else None
+        headers = forwarded(scope["headers"])
+        local_only = any(k == routed.LOCAL_ONLY_HEADER and v.strip() in (b"1", b"true") for k, v in headers)
+        headers = [(k, v) for k, v in headers if k != routed.LOCAL_ONLY_HEADER]
+        request = (scope["method"].encode(), target, headers, body if info is None else info.body)
         sent = asyncio.Event()  # the whole answer went to the client
-        work = asyncio.ensure_future(self._exchange(request, chat, send, sent))
-        gone = asyncio.ensure_future(_disconnected(receive))
+        if info is not None and self.router is not None:
+            job = self._routed(request, info, local_only=local_only, path=scope["path"], send=send, sent=sent)
+        else:
+            job = self._exchange(request, chat, send, sent)
+        work = asyncio.ensure_future(job)
+        gone = asyncio.ensure_future(disconnected(receive))
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
             if not work.done() and not sent.is_set():
@@ -249,12 +139,61 @@ class ProxyApp:
         finally:
             gone.cancel()
 
+    async def _routed(
+        self, request: UpstreamRequest, info: ChatInfo, *, local_only: bool, path: str, send: Send, sent: asyncio.Event
+    ) -> None:
+        """A chat request with routing on: to the first healthy upstream when the device cannot meet the target
+        (or the engine cannot answer), else here; an upstream failing before its first token falls back here."""
+        assert self.router is not None
+        router = self.router
+        route = router.choose(info, self.gate.availability(), local_only_header=local_only)
+        router.routed(route, stream=info.stream)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        link = route.upstream
+        if link is not None:
+            first: list[float] = []
+            fields = {"route": route.label, "why": route.reason}
+            try:
+                await routed.forward(
+                    link,
+                    self._client(link),
+                    path,
+                    info,
+                    local_tier=router.local_tier(),
+                    fields=fields,
+                    send=send,
+                    on_first_token=lambda: first.append(loop.time()),
+                    on_broken=lambda why: router.failed(link, phase="after_first_token", error=why),
+                )
+            except routed.UpstreamFailed as exc:
+                router.failed(link, phase="before_first_token", error=str(exc))
+                why = f"upstream {link.name} failed before the first token ({link.scrub(str(exc))[:200]})"
+                route = Route(None, "fallback", f"{why}; answered on the device")
+                router.routed(route, stream=info.stream)
+            else:
+                router.answered(route, ttft_s=first[0] - began if first else None, total_s=loop.time() - began)
+                sent.set()
+                return
+        marks = {"route": route.label, "why": route.reason}
+        await self._exchange(request, True, send, sent, marks=marks, info=info)
+        router.answered(route, ttft_s=None, total_s=loop.time() - began)
+
+    def _client(self, link: Any) -> Any:
+        client = self._clients.get(link.name)
+        if client is None:
+            client = self._clients[link.name] = routed.make_client(link)
+        return client
+
     async def _exchange(
         self,
         request: tuple[bytes, bytes, list[tuple[bytes, bytes]], bytes],
         chat: bool,
         send: Send,
         sent: asyncio.Event,
+        *,
+        marks: dict[str, Any] | None = None,
+        info: ChatInfo | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.hold_s
@@ -262,13 +201,13 @@ class ProxyApp:
             avail = self.gate.availability()
             if avail.given_up or (not avail.ready and loop.time() >= deadline):
                 code = "engine_unavailable" if avail.given_up else "engine_starting"
-                await _send_error(send, 503, avail.reason, code, avail.retry_after_s)
+                await send_error(send, 503, avail.reason, code, avail.retry_after_s, chat=chat)
                 return
             if not avail.ready:
                 await asyncio.sleep(POLL_S)
                 continue
             start = self.gate.request_started(chat=chat)
-            upstream = _Upstream(self.upstream)
+            upstream = EngineLink(self.upstream)
             try:
                 await upstream.send(*request)
             except OSError:
@@ -286,7 +225,7 @@ class ProxyApp:
             break
         whole = False
         try:
-            whole = await self._forward(upstream, send, start)
+            whole = await self._forward(upstream, send, start, chat=chat, marks=marks, info=info)
             sent.set()
         except asyncio.CancelledError:
             whole = True
@@ -296,38 +235,79 @@ class ProxyApp:
             if chat and whole:
                 self.gate.request_ended(start)
 
-    async def _forward(self, upstream: _Upstream, send: Send, start: int) -> bool:
-        """Relay the engine's answer; True when it was relayed whole, False when the engine died under it."""
+    async def _forward(
+        self,
+        upstream: EngineLink,
+        send: Send,
+        start: int,
+        *,
+        chat: bool = False,
+        marks: dict[str, Any] | None = None,
+        info: ChatInfo | None = None,
+    ) -> bool:
+        """Relay the engine's answer; True when it was relayed whole, False when the engine died under it. A chat
+        answer gets the route header, and with routing on the `governor` field (`marks`)."""
+        loop = asyncio.get_running_loop()
+        began, idle = loop.time(), self.router is not None and not self.router.engine_busy()
         try:
             status, head_headers = await upstream.head()
-        except _Broken as exc:
-            await _send_error(send, 502, await self._died(start, exc), "engine_died", self._retry_after())
+        except Broken as exc:
+            msg = await self._died(start, exc)
+            await send_error(send, 502, msg, "engine_died", self._retry_after(), chat=chat)
             return False
-        headers = _forwarded(head_headers)
+        headers = forwarded(head_headers) + (LOCAL if chat else [])
         streamed = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
         if not streamed:  # read whole before sending: a truncated JSON must never look like a complete one
             parts: list[bytes] = []
             try:
                 while (data := await upstream.body()) is not None:
                     parts.append(data)
-            except _Broken as exc:
-                await _send_error(send, 502, await self._died(start, exc), "engine_died", self._retry_after())
+            except Broken as exc:
+                msg = await self._died(start, exc)
+                await send_error(send, 502, msg, "engine_died", self._retry_after(), chat=chat)
                 return False
             content = b"".join(parts)
+            if marks is not None and status == 200:
+                content = routed.mark_json(content, marks)
             headers.append((b"content-length", str(len(content)).encode()))
             await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": content, "more_body": False})
             return True
         await send({"type": "http.response.start", "status": status, "headers": headers})
+        if marks is not None:
+            ended = await self._first_token(upstream, send, start, marks)
+            if ended is not None:
+                return ended
+            if self.router is not None and info is not None:
+                self.router.local_ttft(info.prompt_tokens, loop.time() - began, idle=idle)
         try:
             while (data := await upstream.body()) is not None:
                 await send({"type": "http.response.body", "body": data, "more_body": True})
-        except _Broken as exc:
+        except Broken as exc:
             error = b"data: " + error_body(await self._died(start, exc), "engine_died") + b"\n\ndata: [DONE]\n\n"
             await send({"type": "http.response.body", "body": error, "more_body": False})
             return False
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return True
+
+    async def _first_token(self, upstream: EngineLink, send: Send, start: int, marks: dict[str, Any]) -> bool | None:
+        """Hold a stream's opening events until the first token and send them with the `governor` field merged
+        into the first one. None: the stream goes on; else it ended (True: whole, False: the engine died)."""
+        held = b""
+        try:
+            while not routed.first_token_seen(held):
+                data = await upstream.body()
+                if data is None:
+                    body = routed.mark_first_event(held, marks)
+                    await send({"type": "http.response.body", "body": body, "more_body": False})
+                    return True
+                held += data
+        except Broken as exc:
+            error = b"data: " + error_body(await self._died(start, exc), "engine_died") + b"\n\ndata: [DONE]\n\n"
+            await send({"type": "http.response.body", "body": held + error, "more_body": False})
+            return False
+        await send({"type": "http.response.body", "body": routed.mark_first_event(held, marks), "more_body": True})
+        return None
 
     async def _died(self, start: int, exc: Exception) -> str:
         """'the engine died while answering: engine killed by SIGSEGV after 3.1 s, in the first decode; ...'"""
@@ -344,28 +324,6 @@ class ProxyApp:
         return self.gate.availability().retry_after_s or 1
 
 
-class _QuietServer(uvicorn.Server):
-    """uvicorn's main loop wakes every 0.1 s to look at `should_exit`: ten wake-ups a second of an idle daemon
-    (issue 16). This one sleeps until `stop()` (any thread) wakes it."""
-
-    _loop: asyncio.AbstractEventLoop | None = None
-    _exit: asyncio.Event | None = None
-
-    async def main_loop(self) -> None:
-        self._exit = asyncio.Event()
-        self._loop = asyncio.get_running_loop()
-        if await self.on_tick(0):  # the default headers, once; True when stop() came first
-            return
-        await self._exit.wait()
-
-    def stop(self) -> None:
-        self.should_exit = True
-        loop, event = self._loop, self._exit
-        if loop is not None and event is not None:
-            with contextlib.suppress(RuntimeError):  # the loop has already closed
-                loop.call_soon_threadsafe(event.set)
-
-
 class ProxyServer:
     """The public socket, bound at once (so a bad path is a one-line error at start), served on its own thread."""
 
@@ -378,6 +336,7 @@ class ProxyServer:
         hold_s: float,
         drain_s: int,
         group: str | None = None,
+        router: Router | None = None,
     ) -> None:
         self.path = path
         if len(os.fsencode(path)) >= 108 or len(os.fsencode(upstream)) >= 108:
@@ -393,7 +352,7 @@ class ProxyServer:
             os.chown(path, -1, gid)
         self._sock.listen(128)  # connections wait in the backlog until uvicorn runs: never refused once it exists
         self._inode = os.stat(path).st_ino
-        self.app = ProxyApp(upstream, gate, hold_s=hold_s)
+        self.app = ProxyApp(upstream, gate, hold_s=hold_s, router=router)
         config = uvicorn.Config(
             self.app,
             log_config=None,
@@ -404,7 +363,7 @@ class ProxyServer:
             date_header=False,
             timeout_graceful_shutdown=drain_s,  # then uvicorn cancels what still runs
         )
-        self._server = _QuietServer(config)
+        self._server = QuietServer(config)
         self._thread = threading.Thread(target=self._serve, name="engine-proxy", daemon=True)
 
     def _serve(self) -> None:

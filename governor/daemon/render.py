@@ -118,6 +118,7 @@ def status_table(status: dict[str, Any], console: Console, now: float | None = N
     said = _supervisor_says(sup)
     if said:
         head.add_row("supervisor", said)
+    _routing_rows(head, status.get("routing"))
     for hold in status.get("holds") or []:
         asks = ", ".join(
             f"{k} {hold[k]}" for k in ("state", "max_threads", "max_tokens_per_s") if hold.get(k) is not None
@@ -162,4 +163,42 @@ def why_table(decisions: list[dict[str, Any]], console: Console) -> None:
         )
         at = time.strftime("%H:%M:%S", time.localtime(d["wall"]))
         table.add_row(at, safe(d["state"]), safe(engine), safe(d["reason"]))
+    console.print(table)
+
+
+def _routing_rows(head: Table, routing: dict[str, Any] | None) -> None:
+    """Routing to upstreams (docs/routing.md): where requests go now and why, and each upstream's health. The API
+    key is never in the status; only whether one is set."""
+    if not routing or not routing.get("enabled"):
+        return
+    where = "[yellow]off the device[/]" if routing.get("off_device") else "on the device"
+    slo = routing.get("slo") or {}
+    targets = ", ".join(
+        part
+        for part in (
+            f"≥ {slo['min_tokens_per_s']:g} tok/s" if slo.get("min_tokens_per_s") else "",
+            f"TTFT ≤ {slo['max_ttft_s']:g} s" if slo.get("max_ttft_s") else "",
+        )
+        if part
+    )
+    head.add_row("routing", f"{where} ({safe(routing.get('reason'))}); targets {safe(targets or 'none')}")
+    for up in routing.get("upstreams") or []:
+        health = "healthy" if up.get("healthy") else f"[yellow]skipped[/] for {up.get('retry_in_s')} s"
+        error = f"; last error {safe(up['last_error'])}" if up.get("last_error") else ""
+        head.add_row(
+            f"upstream {safe(up['name'])}",
+            f"{safe(up['base_url'])}: {health}, {up.get('requests', 0)} requests, {up.get('errors', 0)} errors{error}",
+        )
+    last = (routing.get("last") or [])[-1:]
+    for r in last:
+        head.add_row("last request", f"{safe(r['route'])}: {safe(r['reason'])}")
+
+
+def routes_table(routes: list[dict[str, Any]], console: Console) -> None:
+    table = Table(title="requests", title_justify="left", show_edge=False)
+    for col in ("at", "route", "why"):
+        table.add_column(col, overflow="fold")
+    for r in routes:
+        at = time.strftime("%H:%M:%S", time.localtime(r["wall"]))
+        table.add_row(at, safe(r["route"]), safe(r["reason"]))
     console.print(table)

@@ -35,6 +35,7 @@ from sensors.snapshot import EngineObservation, Snapshot, TraceRecord
 
 if TYPE_CHECKING:
     from governor.daemon.proxy import ProxyServer  # built (and uvicorn imported) by app.build
+    from governor.daemon.routing import Router
 
 RELOAD_WAIT_S = 30.0
 ERROR_PAUSE_S = 1.0  # after a tick that failed unexpectedly, the next try comes this much later
@@ -69,6 +70,7 @@ class Daemon:
         events: Events | None,
         closeables: tuple[Closeable, ...] = (),
         actuators: Mapping[str, Callable[[], dict[str, Any]]] | None = None,
+        router: Router | None = None,
     ) -> None:
         self.config, self.clock, self.loop = config, clock, loop
         self.decider, self._load_decider = decider, load_decider
@@ -77,6 +79,7 @@ class Daemon:
         self.events = events
         self._closeables = closeables
         self._actuators = dict(actuators or {})  # name -> its status (e.g. the CPU frequency cap and if writable)
+        self.router = router
         self.stop = threading.Event()
         self._reload = threading.Event()
         self._waiters: list[Future[dict[str, Any]]] = []
@@ -92,6 +95,8 @@ class Daemon:
         loop.before_tick.append(self._between_ticks)
         loop.max_wait_s = notifier.watchdog_interval_s  # a calm loop ticks slowly, but not past the watchdog
         loop.listeners.extend([state.on_tick, metrics.on_tick, self._after_tick])
+        if router is not None and router.enabled:
+            loop.listeners.append(router.on_tick)
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -246,10 +251,15 @@ class Daemon:
             ],
             actuators={name: status() for name, status in self._actuators.items()},
         )
+        if self.router is not None:
+            view["routing"] = self.router.status()
         return view
 
     def why(self, n: int) -> list[dict[str, Any]]:
         return self.state.recent(max(1, n))
+
+    def routes(self, n: int) -> list[dict[str, Any]]:
+        return [] if self.router is None else self.router.recent(max(1, n))
 
     def reload(self) -> dict[str, Any]:
         waiter: Future[dict[str, Any]] = Future()

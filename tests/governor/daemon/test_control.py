@@ -48,6 +48,9 @@ class FakeApi:
     def why(self, n: int) -> list[dict[str, Any]]:
         return self.state.recent(n)
 
+    def routes(self, n: int) -> list[dict[str, Any]]:
+        return []
+
     def reload(self) -> dict[str, Any]:
         self.reloads += 1
         return {"ok": False, "error": "reload failed, kept the last good policy: p.toml:3: typo"}

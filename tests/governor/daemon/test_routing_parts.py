@@ -1,0 +1,141 @@
+"""Routing's parts without processes: the upstream config, API keys, request parsing, and answers marked with
+where they ran (governor/daemon/config.py, routing.py, upstream.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from governor.daemon.config import ConfigError, load_config
+from governor.daemon.routing import RoutingError, UpstreamLink, build_router, chat_info, read_key
+from governor.daemon.supervisor import Availability
+from governor.daemon.upstream import first_token_seen, mark_first_event, mark_json
+
+READY = Availability(True, False, "", 0)
+
+
+def config(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "governor.toml"
+    path.write_text(text)
+    return path
+
+
+def test_upstreams_load_sorted_by_order(tmp_path: Path) -> None:
+    cfg = load_config(
+        config(
+            tmp_path,
+            '[[upstream]]\nname = "cloud"\nbase_url = "https://api.example.com/v1/"\norder = 2\n'
+            '[[upstream]]\nname = "lan"\nbase_url = "http://localhost/v1"\nsocket = "/run/up.sock"\n'
+            'models = { large = "llama-70b" }\n',
+        )
+    )
+    assert [u.name for u in cfg.upstream] == ["lan", "cloud"]
+    assert cfg.upstream[1].base_url == "https://api.example.com/v1"
+    assert load_config(config(tmp_path, "")).upstream == ()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('name = "x"\nbase_url = "ftp://host/v1"', "an http:// or https:// URL"),
+        ('name = "x"\nbase_url = "http://u:p@host/v1"', "not in the URL"),
+        ('name = "x"\nbase_url = "http://h/v1"\napi_key_file = "/k"\napi_key_env = "K"', "not both"),
+        ('name = "x"\nbase_url = "http://h/v1"\ntimeout_s = nan', "upstream.0.timeout_s"),
+        ('name = "x"\nbase_url = "http://h/v1"\nkey = "sk-1"', "upstream.0.key"),
+        ('name = "a b"\nbase_url = "http://h/v1"', "upstream.0.name"),
+    ],
+)
+def test_a_bad_upstream_is_one_line_naming_the_field(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as err:
+        load_config(config(tmp_path, f"[[upstream]]\n{text}\n"))
+    assert "\n" not in str(err.value)
+
+
+def test_two_upstreams_of_one_name_are_refused(tmp_path: Path) -> None:
+    text = '[[upstream]]\nname = "a"\nbase_url = "http://h/v1"\n' * 2
+    with pytest.raises(ConfigError, match="two upstreams named 'a'"):
+        load_config(config(tmp_path, text))
+
+
+def test_the_key_comes_from_a_file_or_the_environment_and_never_shows(tmp_path: Path) -> None:
+    key = tmp_path / "k"
+    key.write_text("sk-SECRET\n")
+    cfg = load_config(
+        config(
+            tmp_path,
+            f'[[upstream]]\nname = "a"\nbase_url = "http://h/v1"\napi_key_file = "{key}"\n'
+            '[[upstream]]\nname = "b"\nbase_url = "http://h/v1"\napi_key_env = "B_KEY"\n',
+        )
+    )
+    assert read_key(cfg.upstream[0], {}) == "sk-SECRET"
+    assert read_key(cfg.upstream[1], {"B_KEY": "sk-ENV"}) == "sk-ENV"
+    with pytest.raises(RoutingError, match="environment variable B_KEY is not set"):
+        read_key(cfg.upstream[1], {})
+    router = build_router(cfg.upstream, {"B_KEY": "sk-ENV"}, policy=lambda: None, engine_status=lambda: None)
+    shown = json.dumps(router.status()) + repr(router.upstreams) + str(cfg)
+    assert "sk-SECRET" not in shown
+    assert "sk-ENV" not in shown
+    link = router.upstreams[0]
+    assert link.auth_headers() == [(b"authorization", b"Bearer sk-SECRET")]
+    assert link.scrub("bad key sk-SECRET") == "bad key ***"
+    key.unlink()
+    with pytest.raises(RoutingError, match=f"upstream a: api_key_file {key}: No such file"):
+        build_router(cfg.upstream, {"B_KEY": "x"}, policy=lambda: None, engine_status=lambda: None)
+
+
+def test_routing_is_off_until_an_upstream_is_configured() -> None:
+    router = build_router((), {}, policy=lambda: None, engine_status=lambda: None)
+    route = router.choose(
+        chat_info(b'{"messages": []}'), Availability(False, True, "given up", 5), local_only_header=False
+    )
+    assert (route.label, route.kind) == ("local", "routing_off")
+
+
+def test_local_only_and_the_engine_down(tmp_path: Path) -> None:
+    cfg = load_config(config(tmp_path, '[[upstream]]\nname = "lan"\nbase_url = "http://h/v1"\nmodel = "big"\n'))
+    status = {"queue_length": 0, "queue_max": 2}
+    router = build_router(cfg.upstream, {}, policy=lambda: None, engine_status=lambda: status)
+    body = b'{"messages": [{"role": "user", "content": "hi"}], "governor": {"local_only": true}}'
+    info = chat_info(body)
+    assert info.local_only
+    assert b"governor" not in info.body  # the engine (and an upstream) never see our field
+    assert router.choose(info, READY, local_only_header=False).kind == "local_only"
+    plain = chat_info(b'{"messages": [{"role": "user", "content": "hi"}]}')
+    assert router.choose(plain, READY, local_only_header=True).kind == "local_only"
+    down = router.choose(plain, Availability(False, False, "the engine is loading", 2), local_only_header=False)
+    assert (down.label, down.kind, down.reason) == ("upstream:lan", "engine_unavailable", "the engine is loading")
+    status["queue_length"] = 2
+    assert router.choose(plain, READY, local_only_header=False).kind == "queue_full"
+    router.failed(router.upstreams[0], phase="before_first_token", error="refused")
+    fallback = router.choose(plain, READY, local_only_header=False)
+    assert (fallback.label, fallback.kind) == ("local", "no_upstream")
+
+
+def test_the_model_map() -> None:
+    from governor.daemon.config import Upstream
+
+    mapped = UpstreamLink(Upstream(name="a", base_url="http://h/v1", models={"large": "70b", "small": "8b"}), None)
+    assert mapped.model_for("small", "large") == "8b"
+    assert mapped.model_for(None, "large") == "70b"
+    assert mapped.model_for("other", None) == "other"
+    fixed = UpstreamLink(Upstream(name="b", base_url="http://h/v1", model="gpt-x"), None)
+    assert fixed.model_for("large", "large") == "gpt-x"
+
+
+def test_answers_are_marked_where_they_ran() -> None:
+    fields = {"route": "local", "why": "meets"}
+    whole = json.loads(mark_json(b'{"id": "c", "governor": {"trimmed_messages": 1}}', fields))
+    assert whole["governor"] == {"trimmed_messages": 1, "route": "local", "why": "meets"}
+    assert mark_json(b"not json", fields) == b"not json"
+    opening = b'data: {"choices":[{"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
+    token = b'data: {"choices":[{"delta":{"content":"Hi"},"finish_reason":null}]}\n\n'
+    assert not first_token_seen(opening)
+    assert not first_token_seen(opening + token[:20])
+    assert first_token_seen(opening + token)
+    assert first_token_seen(b"data: [DONE]\n\n")
+    marked = mark_first_event(opening + token, fields)
+    first, rest = marked.split(b"\n\n", 1)
+    assert json.loads(first[6:])["governor"] == fields
+    assert rest == token
