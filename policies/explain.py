@@ -171,7 +171,7 @@ def _rule(k: Tick) -> tuple[str, str]:
             rule = "thermal.untrusted"
         elif k.sense.pressure:
             rule = "memory.pressure"
-        elif k.contention is not None and k.prev is not None and k.config.threads < k.prev.threads:
+        elif k.contention is not None and k.prev is not None and k.config.threads != k.prev.threads:
             rule, clauses[0] = "cpu.contention", _contention(k.contention)[0]
         elif k.ramping or (k.prev is not None and k.config.threads > k.prev.threads):
             rule = "recover.step"
@@ -197,8 +197,11 @@ def _contention(note: ThreadsNote) -> list[str]:
         quiet = "" if note.quiet_s is None else f", quiet for {note.quiet_s:.0f} of {_n(note.dwell_s)} s"
         out.append(f"other processes use {use} of {note.count} cores{psi}{quiet}")
     if note.measured is not None:
-        fewer, rate, more, more_rate = note.measured
-        out.append(f"{_threads(fewer)} measured {rate:.0f} tok/s vs {more_rate:.0f} with {more}")
+        chosen, rate, other, other_rate = note.measured
+        out.append(f"{_threads(chosen)} measured {rate:.0f} tok/s vs {other_rate:.0f} with {other}")
+    if note.probe is not None:
+        tried, was, rate = note.probe
+        out.append(f"trying {_threads(tried)} for a few seconds ({_threads(was)} measured {rate:.0f} tok/s)")
     return out
 
 
@@ -216,7 +219,11 @@ def explain(k: Tick) -> tuple[str, str, Readings]:
         if rule == "cpu.contention":
             clauses += why[1:]
         else:
-            clauses.append(f"{_threads(k.config.threads)} at most: {', '.join(why)}")
+            note = k.contention
+            above = note.probe is not None or (note.measured is not None and note.measured[0] > note.measured[2])
+            clauses.append(
+                f"{_threads(k.config.threads)} {'despite the load' if above else 'at most'}: {', '.join(why)}"
+            )
     if k.ramping:
         clauses.append(f"threads come back one per {_n(pol.timing.recover_step_s)} s")
     if k.sense.pressure and k.sense.psi is not None:

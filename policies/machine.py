@@ -135,7 +135,7 @@ class StateMachine:
         pin = min(pins, key=RANK.__getitem__) if pins else None
         label = self.state if (pin is None or self.state in MITIGATING) else pin
         prev = self.last.engine if self.last is not None else None
-        if prev is not None:
+        if prev is not None and not self._fit_threads.contended:  # the device model is of the device alone
             self.power.observe(prev, snapshot.cpu.freq_ratio, engine, sense.battery, sense.on_power)
         self.power.choice, self._cpus = None, snapshot.cpu.count
         self._fit_threads.update(snapshot.cpu, engine, prev is not None and prev.max_tokens_per_s is not None, t)

@@ -216,6 +216,11 @@ class Contention(StrictModel):
     measure_margin: float = Field(default=0.15, ge=0, le=10)  # fewer threads win when this much faster
     measure_max_age_s: PositiveSeconds = 120.0  # a measurement older than this is forgotten (and re-measured)
     measure_settle_s: Seconds = 2.5  # the engine's tokens/s window must have seen only the current threads
+    # Upward probe: the capped count is the only one measured under a load, so one thread more is tried for at most
+    # probe_max_s once the count has held probe_interval_s (0: never); each probe that loses doubles the wait (up to
+    # 8x). On a busy machine (many runnable tasks) the scheduler shares per thread, and more threads can win.
+    probe_interval_s: Seconds = 30.0
+    probe_max_s: PositiveSeconds = 8.0
 
     @model_validator(mode="after")
     def _hysteresis(self) -> Contention:

@@ -98,3 +98,27 @@ def test_the_contention_cap_against_the_same_policy_without_it(device_name: str,
         assert capped.tokens > gain * uncapped.tokens
     else:
         assert capped.tokens == uncapped.tokens
+
+
+def without_probe(name: str) -> Policy:
+    policy = load_policy(name)
+    return policy.model_copy(update={"contention": policy.contention.model_copy(update={"probe_interval_s": 0.0})})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("workload_name", "low", "high"),
+    [
+        ("busy-machine", 1.03, None),  # many runnable tasks: more threads get more CPU, the probe finds it
+        ("background-load", 0.98, 1.0),  # one hog: every probe loses; it may cost at most 2 % (short, backing off)
+    ],
+)
+def test_the_upward_probe_against_the_cap_alone(workload_name: str, low: float, high: float | None) -> None:
+    device, workload = load_device("fanless-laptop"), load_workload(workload_name)
+    probed, capped = (
+        simulate(device, decider_for(p, device), workload, policy_name="p").summary
+        for p in (load_policy("fanless-laptop"), without_probe("fanless-laptop"))
+    )
+    assert probed.tokens >= low * capped.tokens
+    if high is not None:
+        assert probed.tokens <= high * capped.tokens

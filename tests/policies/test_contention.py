@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -82,10 +83,53 @@ def test_a_noisy_load_does_not_flap(policy: Policy) -> None:
     others = others[:240] + [QUIET] * 60
     decisions = closed_loop(StateMachine(policy), others)
     threads = [d.engine.threads for d in decisions]
-    changes = [i for i in range(1, len(threads)) if threads[i] != threads[i - 1]]
+    probes = [i for i, d in enumerate(decisions) if "trying 2 threads" in d.reason and d.engine.threads == 2]
+    probed = {i for start in probes for i in range(start, start + 9)}  # a probe lasts at most probe_max_s (8 s)
+    changes = [i for i in range(1, len(threads)) if threads[i] != threads[i - 1] and i not in probed]
     assert len(changes) == 2, changes  # down once at the first burst, up once after the noise ended
     assert threads[changes[0]] == 1
     assert changes[1] >= 240 + 15
+    # The upward probe tried 2 threads now and then, lost (25 tok/s in the bursts vs 48) and backed off.
+    starts = [i for i in probes if i - 1 not in probes]
+    assert 1 <= len(starts) <= 3, starts
+    assert all(b - a >= 60 for a, b in itertools.pairwise(starts))
+
+
+def busy_machine(threads: int, other: float) -> float:
+    """Many runnable tasks (load ~8 on 2 cores): the scheduler shares per thread, so 2 threads get twice the CPU
+    and beat 1 despite the barrier (the benchmark on this shared machine: 2.6x)."""
+    return 30.0 if threads >= 2 else 12.0
+
+
+def test_on_a_busy_machine_one_more_thread_is_probed_and_kept(policy: Policy) -> None:
+    gov, threads, out = StateMachine(policy), 2, []
+    for t in range(180):
+        engine = EngineObservation(busy=True, tokens_per_s=busy_machine(threads, 1.5), model="m", threads=threads)
+        decision = gov.decide(loaded(1.5, psi=90.0), engine, float(t))
+        threads = decision.engine.threads
+        out.append(decision)
+    seen = [d.engine.threads for d in out]
+    drop = seen.index(1)
+    assert drop <= 3  # the free-core cap first: others use 1.5 of 2 cores
+    probe = next(i for i, d in enumerate(out) if "trying 2 threads" in d.reason)
+    assert drop + 30 <= probe <= drop + 33
+    assert out[probe].rule == "cpu.contention"
+    assert "trying 2 threads for a few seconds (1 thread measured 12 tok/s)" in out[probe].reason
+    assert seen[probe:] == [2] * (len(seen) - probe)  # measured faster: kept, also after 1 thread's figure aged
+    assert "2 threads measured 30 tok/s vs 12 with 1" in out[probe + 10].reason
+    assert "2 threads measured 30 tok/s vs 12 with 1" in out[-1].reason
+
+
+def test_a_probe_that_loses_backs_off(policy: Policy) -> None:
+    """One hog (the issue's table): 2 threads lose every probe; probes get rarer and each is short."""
+    decisions = closed_loop(StateMachine(policy), [HOG] * 900)
+    seen = [d.engine.threads for d in decisions]
+    starts = [i for i in range(1, len(seen)) if seen[i] == 2 and seen[i - 1] == 1]
+    assert 3 <= len(starts) <= 6, starts
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert gaps == sorted(gaps)  # the wait doubles (the verdict's 120 s age bounds it from below)
+    assert seen[5:].count(2) <= len(starts) * 8  # at most probe_max_s each
+    assert seen[-1] == 1
 
 
 def test_a_short_burst_does_not_take_threads(policy: Policy) -> None:
@@ -155,3 +199,17 @@ def test_unknown_load_keeps_the_level(policy: Policy) -> None:
     assert closed_loop(gov, [HOG] * 10)[-1].engine.threads == 1
     later = gov.decide(loaded(None), None, 40.0)
     assert later.engine.threads == 1  # the load became unknown: the core stays taken
+
+
+def test_the_power_model_does_not_learn_from_a_contended_engine(policy: Policy) -> None:
+    """Beside a hog the engine's tokens/s are the scheduler's doing, not the device's: the allocator's device model
+    (speed per thread and clock, memory ceiling) must not take them (it once learned a 2 tok/s "memory ceiling" on
+    the lab's laptop from a probe beside a hog and capped the clock at 40 %)."""
+    gov = StateMachine(policy, freq_ratios=(0.5, 0.75, 1.0))
+    model, seen = gov.power.model, []
+    for t in range(200):
+        other = HOG if t < 120 else QUIET
+        gov.decide(loaded(other), engine_at(1, other), float(t))
+        seen.append(model.observations)
+    assert seen[119] == seen[3]  # none while the core counts as taken (1 s to count it)
+    assert seen[-1] > seen[119] + 30  # given back after the 15 s dwell: learning again
