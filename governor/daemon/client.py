@@ -20,18 +20,34 @@ class ControlClient:
 
     @contextmanager
     def _connect(self, request: dict[str, Any]) -> Iterator[tuple[socket.socket, Any]]:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout_s)
-        try:
-            sock.connect(str(self.path))
-        except OSError as exc:
-            sock.close()
-            raise ControlError(
-                f"cannot reach the governor at {self.path}: {exc.strerror or exc} (is `governor run` running?)"
-            ) from None
+        sock = self._dial()
         with sock, sock.makefile("rb") as lines:
             sock.sendall(json.dumps(request).encode() + b"\n")
             yield sock, lines
+
+    def _dial(self) -> socket.socket:
+        """Connect; a full listen backlog (EAGAIN: the daemon is alive but behind, e.g. another user floods the
+        socket) is retried until the timeout rather than reported as an unreachable governor."""
+        deadline = time.monotonic() + self.timeout_s
+        pause = 0.005
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout_s)
+            try:
+                sock.connect(str(self.path))
+            except BlockingIOError:
+                sock.close()
+                if time.monotonic() + pause < deadline:
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.2)
+                    continue
+                raise ControlError(f"the governor at {self.path} did not accept within {self.timeout_s:g} s") from None
+            except OSError as exc:
+                sock.close()
+                raise ControlError(
+                    f"cannot reach the governor at {self.path}: {exc.strerror or exc} (is `governor run` running?)"
+                ) from None
+            return sock
 
     @staticmethod
     def _answer(lines: Any) -> dict[str, Any]:

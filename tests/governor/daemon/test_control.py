@@ -7,6 +7,7 @@ import queue
 import socket
 import stat
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -220,3 +221,45 @@ def test_prometheus_over_http_on_the_same_socket(server: ControlServer) -> None:
     assert answer.startswith("HTTP/1.0 200 OK\r\n")
     assert "text/plain; version=0.0.4" in answer
     assert answer.endswith("governor_ticks_total 3.0\n")
+
+
+def test_client_waits_out_a_full_backlog(tmp_path: Path) -> None:
+    """Another user fills the listen backlog: connect() says EAGAIN at once. The client retries until the daemon
+    accepts (here 0.3 s later) instead of reporting an unreachable governor."""
+    path = tmp_path / "c.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(0)
+    server.settimeout(10)  # without the retry the client never comes: the thread must end anyway
+    fillers: list[socket.socket] = []
+    while True:  # fill the backlog the way a flood does
+        filler = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        filler.setblocking(False)
+        try:
+            filler.connect(str(path))
+        except BlockingIOError:
+            filler.close()
+            break
+        fillers.append(filler)
+
+    def serve_late() -> None:
+        time.sleep(0.3)  # the daemon is busy; it gets to its accept queue late
+        for _ in fillers:
+            server.accept()[0].close()
+        try:
+            conn, _ = server.accept()
+        except TimeoutError:
+            return
+        with conn, conn.makefile("rb") as lines:
+            assert json.loads(lines.readline())["cmd"] == "status"
+            conn.sendall(b'{"ok": true, "state": "idle"}\n')
+
+    thread = threading.Thread(target=serve_late)
+    thread.start()
+    try:
+        assert ControlClient(path, timeout_s=10).request("status")["state"] == "idle"
+    finally:
+        thread.join(10)
+        for filler in fillers:
+            filler.close()
+        server.close()
