@@ -56,6 +56,8 @@ class Decision(BaseModel):
     readings: dict[str, float | bool | str | None] = Field(default_factory=dict)
     changed: bool = False  # the engine config differs from the previous decision's
     freq_ratio: float | None = None  # CPU clock cap as a share of each cluster's maximum; None: no cap
+    # Nothing fits in memory: keep the engine stopped (requests wait) until this is None again; says why.
+    engine_wait: str | None = None
 
 
 class Hold(BaseModel):

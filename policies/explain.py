@@ -167,7 +167,9 @@ def _rule(k: Tick) -> tuple[str, str]:
     else:
         rule, clause = _why_on(k, k.state)
         clauses.append(clause)
-        if k.sense.untrusted and k.state == State.HOT:
+        if k.fit is not None and k.fit.wait is not None:
+            rule = "memory.wait"
+        elif k.sense.untrusted and k.state == State.HOT:
             rule = "thermal.untrusted"
         elif k.sense.pressure:
             rule = "memory.pressure"
@@ -229,7 +231,9 @@ def explain(k: Tick) -> tuple[str, str, Readings]:
     if k.sense.pressure and k.sense.psi is not None:
         clauses.append(f"memory pressure {k.sense.psi:.0f} % ≥ {_n(pol.memory.psi_exit)} %, shrinking")
     if k.fit is not None:
-        if k.fit.bound != "profile":
+        if k.fit.wait is not None:
+            clauses.append(f"{k.fit.wait} ({k.fit.model} needs {k.fit.bytes / MIB:.0f} MiB at n_ctx {k.fit.n_ctx})")
+        elif k.fit.bound != "profile":
             clauses.append(f"{k.fit.model} n_ctx {k.fit.n_ctx} KV {k.fit.kv_type} bound by {k.fit.bound}")
         if k.fit.note:
             clauses.append(k.fit.note)

@@ -81,9 +81,9 @@ class StateMachine:
         self._pi: PIController | None = None
         self._pi_u: float | None = None
         self._cpus: int | None = None  # online CPUs at this tick (None: unknown)
-        self._prefill = False  # the engine is busy with a prompt (no tokens yet): compute-bound
         self._threads_t = -math.inf  # when threads last changed (recovery steps count from there)
         self._budget: float | None = None  # memory budget after input hysteresis
+        self._budget_raw = 0.0  # ... before PSI's shrink
         self._budget_t = -math.inf
         self._pressure_cap: float | None = None  # bytes (with footprints) or n_ctx (without)
         self._shrink_t = -math.inf
@@ -139,7 +139,6 @@ class StateMachine:
         if prev is not None and not self._fit_threads.contended:  # the device model is of the device alone
             self.power.observe(prev, snapshot.cpu.freq_ratio, engine, sense.battery, sense.on_power)
         self.power.choice, self._cpus = None, snapshot.cpu.count
-        self._prefill = engine is not None and engine.busy and not engine.tokens_per_s  # a prompt: no tokens yet
         self._fit_threads.update(snapshot.cpu, engine, prev is not None and prev.max_tokens_per_s is not None, t)
         active = self._in_force(pin, sense, prev, t)
         caps = [h.max_threads for h in live if h.max_threads is not None]
@@ -171,7 +170,7 @@ class StateMachine:
         rule, reason, readings = explain(tick)
         decision = Decision.model_construct(
             t=t, state=label, engine=config, reason=reason, rule=rule, readings=readings, changed=config != prev,
-            freq_ratio=freq,
+            freq_ratio=freq, engine_wait=None if fitted is None else fitted.wait,
         )  # fmt: skip
         self.last = decision
         return decision
@@ -274,7 +273,7 @@ class StateMachine:
             if not self.power.enabled:
                 active.append(self._hot_at(u))
             else:  # a power budget, allocated to clock x threads x rate
-                choice = self.power.allocate(u, self._cpus, prefill=self._prefill)
+                choice = self.power.allocate(u, self._cpus)
                 active.append(self._limits[State.HOT]._replace(threads=choice.threads, rate=choice.rate))
         else:
             self._pi, self._pi_u = None, None
@@ -406,6 +405,10 @@ class StateMachine:
             result = self._fit_cache[key] = fit(
                 candidates, max_ctx=n_ctx, kv_type=kv, budget_bytes=None if budget is None else key[3] * MIB, memory=mem
             )
+        if result.wait is not None and budget is not None and result.bytes <= self._budget_raw:
+            # Only PSI's shrink is short of room: run the smallest setting rather than stop (stopping ends the
+            # pressure, which would start the engine again: a stop/start loop).
+            result = replace(result, budget_bytes=None)
         self._last_fit = result
         return result.model, result.n_ctx, result.kv_type, result
 
@@ -423,7 +426,7 @@ class StateMachine:
             self._budget = budget
         elif budget >= self._budget + mem.grow_margin_mb * MIB and t - self._budget_t >= timing.recover_step_s:
             self._budget, self._budget_t = budget, t
-        budget = self._budget
+        budget = self._budget_raw = self._budget
         if not pressure:
             self._pressure_cap = None
         elif t - self._shrink_t >= mem.psi_step_s:  # shrink again while the pressure stays, one step at a time

@@ -6,7 +6,7 @@ Estimate = weights (the file size) + KV cache + compute buffer (Ollama's estimat
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,9 +39,7 @@ class ModelFootprint:
 
     @classmethod
     def from_gguf(cls, path: Path) -> ModelFootprint:
-        """Read with the `gguf` package (pure Python: seconds for a 49k-token vocabulary; the daemon reads its tiers
-        with llama.cpp in a child instead, governor.daemon.footprints)."""
-        from gguf import GGUFReader  # heavy import (numpy memmap); only replay, the lab and tests need it
+        from gguf import GGUFReader  # heavy import (numpy memmap); only the daemon's start and replay need it
 
         try:
             reader = GGUFReader(path)
@@ -52,21 +50,11 @@ class ModelFootprint:
             field = reader.get_field(key)
             return None if field is None else field.contents()
 
-        tokens = reader.get_field("tokenizer.ggml.tokens")
-        return cls.from_fields(path, get, n_vocab=None if tokens is None else len(tokens.data))
-
-    @classmethod
-    def from_fields(cls, path: Path, get: Callable[[str], Any], *, n_vocab: int | None) -> ModelFootprint:
-        """From GGUF header fields: `get(key)` gives an int, a numeric string, a per-layer list of ints or None."""
-
         def need(key: str) -> int:
             value = get(key)
             if value is None:
                 raise MemFitError(path, f"GGUF header has no {key}")
-            try:
-                return int(max(value)) if isinstance(value, list) else int(value)  # per-layer arrays: the largest
-            except (TypeError, ValueError):
-                raise MemFitError(path, f"GGUF header field {key} is not a number: {str(value)[:40]!r}") from None
+            return int(max(value)) if isinstance(value, list) else int(value)  # per-layer arrays: the largest
 
         arch = get("general.architecture")
         if not isinstance(arch, str):
@@ -76,19 +64,17 @@ class ModelFootprint:
         kv_heads = need(f"{arch}.attention.head_count_kv") if get(f"{arch}.attention.head_count_kv") else heads
         key_len = need(f"{arch}.attention.key_length") if get(f"{arch}.attention.key_length") else embd // heads
         value_len = need(f"{arch}.attention.value_length") if get(f"{arch}.attention.value_length") else key_len
-        try:
-            file_bytes = path.stat().st_size
-        except OSError as exc:
-            raise MemFitError(path, f"cannot read GGUF header: {exc}") from exc
+        tokens = reader.get_field("tokenizer.ggml.tokens")
+        vocab = len(tokens.data) if tokens is not None else need(f"{arch}.vocab_size")
         return cls(
-            file_bytes=file_bytes,
+            file_bytes=path.stat().st_size,
             n_layer=need(f"{arch}.block_count"),
             n_embd=embd,
             n_head=heads,
             n_head_kv=kv_heads,
             head_dim_k=key_len,
             head_dim_v=value_len,
-            n_vocab=n_vocab if n_vocab is not None else need(f"{arch}.vocab_size"),
+            n_vocab=vocab,
         )
 
     def kv_bytes(self, n_ctx: int, kv_type: KvType) -> float:
@@ -133,6 +119,14 @@ class Fit:
     bytes: float
     bound: str  # "profile" (the state's limits), "memory" (shrunk to fit), "nothing fits" (smallest possible)
     note: str = ""  # a forced KV fallback, said in the reason
+    budget_bytes: float | None = None  # what it had to fit in (None: memory unknown)
+
+    @property
+    def wait(self) -> str | None:
+        """When nothing fits: why the engine must not run now (starting it would only meet the OOM killer)."""
+        if self.bound != "nothing fits" or self.budget_bytes is None:
+            return None
+        return f"no tier fits in {max(0.0, self.budget_bytes) / MIB:.0f} MiB; waiting for memory"
 
 
 def kv_options(kv_type: KvType, memory: Memory) -> tuple[KvType, ...]:
@@ -185,7 +179,9 @@ def fit(
         if best is not None:
             ctx, kv = best
             bound = "profile" if i == 0 and ctx == hi and kv == options[0] else "memory"
-            return Fit(cand.name, ctx, kv, fp.total_bytes(ctx, kv, memory), bound, note)
-        last = Fit(cand.name, lo, options[-1], fp.total_bytes(lo, options[-1], memory), "nothing fits", note)
+            return Fit(cand.name, ctx, kv, fp.total_bytes(ctx, kv, memory), bound, note, budget_bytes)
+        last = Fit(
+            cand.name, lo, options[-1], fp.total_bytes(lo, options[-1], memory), "nothing fits", note, budget_bytes
+        )
     assert last is not None
     return last

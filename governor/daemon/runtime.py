@@ -215,8 +215,10 @@ class Daemon:
         if self._ready_sent:  # systemd arms the watchdog once start-up is complete (READY=1): no pings before
             self.notifier.watchdog(t)
         line = self._status_line()
-        if not self._ready_sent and (self.supervisor.ready or self.supervisor.status.critical is not None):
-            # Ready once sensors gave a sample and the engine answers (or supervision gave up: say so, not crash).
+        st = self.supervisor.status
+        if not self._ready_sent and (self.supervisor.ready or st.critical is not None or st.waiting is not None):
+            # Ready once sensors gave a sample and the engine answers (or supervision gave up, or waits for memory:
+            # say so, not crash).
             self.notifier.ready(line)
             self._ready_sent, self._status_sent = True, line
             self._log.info("ready", status=line)

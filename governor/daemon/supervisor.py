@@ -43,6 +43,7 @@ from policies.ladder import ModelLadder
 from sensors.snapshot import EngineObservation, Snapshot
 
 MIN_CTX = 256
+HELD = "held"  # _watch: the engine was stopped because nothing fits in memory (not a death)
 LOAD_GUESS_S = 5.0  # until an engine has come up once, how long a start is expected to take (for Retry-After)
 
 
@@ -93,6 +94,7 @@ class SupervisionStatus:
     extra_buffers: str | None = None  # "off" once a crash asked for it; None: the engine's own choice
     retry_at: float | None = None  # clock time of the next start while backing off
     stderr: str | None = None  # the last engine's last stderr line
+    waiting: str | None = None  # "no tier fits in N MiB; waiting for memory": no engine until memory comes back
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,7 @@ class EngineSupervisor:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._retry = threading.Event()
+        self._resume = threading.Event()  # set when the wait for memory ends (or the daemon stops)
         self._proc: subprocess.Popen[bytes] | None = None
         self._thread: threading.Thread | None = None
         self.desired: EngineConfig | None = None
@@ -178,6 +181,19 @@ class EngineSupervisor:
         """The daemon is stopping: an engine exit from now on is not a death to restart from. (A terminal's Ctrl-C
         reaches the engine too, being in the same process group, and it drains itself on SIGINT.)"""
         self._stop.set()
+
+    def hold(self, waiting: str | None) -> None:
+        """Nothing fits in memory (`waiting` says so): let the answers in flight finish, then stop the engine and
+        start none until memory comes back (None), rather than restart it into the OOM killer again and again."""
+        with self._lock:
+            was, self.status.waiting = self.status.waiting, waiting
+        if waiting is None and was is not None:
+            self._log.info("memory is back; starting the engine")
+            self._resume.set()
+        elif waiting is not None and was is None:
+            self._log.warning("engine held", reason=waiting)
+        if (waiting is None) != (was is None):
+            self._on_change()
 
     def reset(self) -> None:
         """A reload forgets past failures, caps and safer settings and retries a given-up engine."""
@@ -204,6 +220,10 @@ class EngineSupervisor:
         config = self.desired
         if config is None:
             return False
+        if self.status.waiting is not None:
+            self._resume.wait(self.restart.probe_interval_s)
+            self._resume.clear()
+            return True
         config = self.capped(config)
         argv = list(self._command(config, self.status.extra_buffers))
         started = self.clock.now()
@@ -242,6 +262,13 @@ class EngineSupervisor:
         if self._stop.is_set():
             return False
         lived_s = self.clock.now() - started
+        if hung == HELD:
+            with self._lock:
+                self.status.last_exit = f"engine stopped after {lived_s:.1f} s: {self.status.waiting or 'memory'}"
+                self.status.history = [*self.status.history[-9:], self.status.last_exit]
+            self._log.info("engine stopped while nothing fits in memory", reason=self.status.last_exit)
+            self._on_change()
+            return True
         self._after_exit(returncode, proc.pid, lived_s, config, how=hung, phase=phase, stderr=tail.last())
         return True
 
@@ -254,6 +281,15 @@ class EngineSupervisor:
                 return _wait(proc, self.restart.probe_interval_s), None
             except subprocess.TimeoutExpired:
                 pass
+            with self._lock:
+                idle = self._requests <= self._answered
+            if self.status.waiting is not None and idle and not self._stop.is_set():
+                proc.send_signal(signal.SIGTERM)  # nothing in flight: stop now, no answer is cut
+                try:
+                    return proc.wait(self.restart.hang_s), HELD
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    return proc.wait(), HELD
             if self._stop.is_set() or not probing:
                 continue
             answers = self._probe(self.restart.probe_timeout_s)
@@ -390,6 +426,8 @@ class EngineSupervisor:
             if st.critical is not None:
                 reason = f"the engine was given up (governor reload tries again): {st.critical}"
                 return Availability(False, True, reason, math.ceil(self.restart.max_s))
+            if st.waiting is not None:  # held: new requests wait (hold_s), answers in flight finish
+                return Availability(False, False, f"the engine is stopped: {st.waiting}", math.ceil(self.restart.max_s))
             if st.ready:
                 return Availability(True, False, "", 0)
             wait_s = self._load_s
@@ -447,6 +485,7 @@ class EngineSupervisor:
         """SIGTERM (the engine stops at a token boundary), then SIGKILL after `timeout_s`."""
         self._stop.set()
         self._retry.set()
+        self._resume.set()
         with self._lock:
             proc = self._proc
         if proc is not None and proc.poll() is None:
@@ -472,6 +511,7 @@ class SupervisedDecider:
         self, snapshot: Snapshot, engine: EngineObservation | None, t: float, holds: Sequence[Hold] = ()
     ) -> Decision:
         decision = self.inner.decide(snapshot, engine, t, holds)
+        self.supervisor.hold(decision.engine_wait)
         status = self.supervisor.status
         if status.critical is not None:
             return decision.model_copy(

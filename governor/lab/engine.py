@@ -35,6 +35,7 @@ class EngineStats:
     truncated: int = 0
     failed: int = 0
     oom_kills: int = 0
+    starts: int = 0  # engine processes started: the first, after an OOM kill, after waiting for memory
     reloads: int = 0  # new KV cache: the conversation evaluated again
     resizes: int = 0  # n_ctx changes that kept the cache
     shifts: int = 0  # context shifts (the oldest half of the cache dropped, the rest kept)
@@ -56,6 +57,8 @@ class EngineSim:
         self.config: EngineConfig | None = None
         self.tier: SimModelSpec | None = None
         self.loaded = False
+        self.stopped = False  # stopped because nothing fits in memory (requests wait in the queue)
+        self.waiting: str | None = None  # the decision's engine_wait: stop once the answer in progress is done
         self.ready_s = 0.0  # loading (or restarting) until then
         self.ctx = 0.0  # tokens held in the KV cache
         self.history = 0.0  # tokens of the conversation so far (what a reload must evaluate again)
@@ -69,8 +72,6 @@ class EngineSim:
         self.finished: list[float] = []  # times answers ended (or failed), for the chat driver
         self.window_tokens = 0.0  # since the last observe()
         self.window_decode_s = 0.0
-        self.uncapped_tokens_per_s: float | None = None  # the last decode speed without the rate cap (measured)
-        self.prefill_tokens_per_s: float | None = None  # the last prefill speed
 
     # --- control (EngineControl.apply through SimulatedEngine) ---
 
@@ -86,6 +87,10 @@ class EngineSim:
         self._kv_per_tok = tier.kv_bytes_per_token(config.kv_type)
         self._weights = tier.weights_mb * MB
         self._footprint = self.spec.footprint_bytes(tier, config.n_ctx, config.kv_type)
+        if self.stopped:
+            return  # started with this config once memory comes back
+        if old is None:
+            self.stats.starts += 1
         if old is None or old.model != config.model:
             self._reload(t, delay_s=0.0, weights=True)
         elif old.kv_type != config.kv_type:
@@ -136,6 +141,21 @@ class EngineSim:
             self.ctx -= (self.ctx - self._keep) // 2
             self.stats.shifts += 1
 
+    def wait(self, reason: str | None, t: float) -> None:
+        """Nothing fits (`reason`): finish the answer in progress, then stop the process; new requests wait in the
+        queue. None: memory is back, start again (the kept conversation is evaluated again)."""
+        self.waiting = reason
+        if reason is not None and self.current is None and not self.stopped:
+            self._stop()
+        elif reason is None and self.stopped and self.config is not None:
+            self.stopped = False
+            self.stats.starts += 1
+            self._reload(t, delay_s=self.spec.restart_s, weights=True)
+
+    def _stop(self) -> None:
+        self.stopped, self.loaded = True, False
+        self._pending_history, self.ctx = self.ctx + self._pending_history, 0.0
+
     def footprint_bytes(self) -> int:
         return self._footprint
 
@@ -150,30 +170,16 @@ class EngineSim:
             self.stats.failed += 1
             self.current = None
             self.finished.append(t)
+        if self.waiting is not None:  # nothing fits: the daemon does not start it into the same wall
+            self._stop()
+            return
+        self.stats.starts += 1
         self._reload(t, delay_s=self.spec.restart_s, weights=True)
 
     # --- serving ---
 
     def submit(self, request: Request) -> None:
         self.queue.append(request)
-
-    def pending_tokens(self) -> float:
-        """Conversation tokens the next local turn must evaluate before its prompt (after a reload or routed turns)."""
-        return self._pending_history
-
-    def conversation_tokens(self) -> float:
-        return self.history + self._pending_history
-
-    def routed(self, request: Request) -> None:
-        """A turn answered elsewhere: the conversation grew by it, and the next local turn evaluates it first."""
-        turn = float(request.prompt_tokens + request.answer_tokens)
-        if request.new_conversation:
-            self.ctx, self.history = 0.0, 0.0
-            self._keep = float(request.system_tokens)
-            self._pending_history = request.system_tokens + turn
-        else:
-            self._pending_history += turn
-        self.history += turn
 
     def busy(self) -> bool:
         return self.current is not None or bool(self.queue)
@@ -214,7 +220,7 @@ class EngineSim:
     ) -> tuple[float, float]:
         """Run for h seconds at the given CPU frequency beside `background` cores of other work; returns the mean
         busy (big, little) cores in the step."""
-        if self.config is None or self.tier is None:
+        if self.config is None or self.tier is None or self.stopped:
             return 0.0, 0.0
         if t + h <= self.ready_s:
             return 0.0, 0.0
@@ -229,6 +235,9 @@ class EngineSim:
         busy = 0.0
         while now < end - 1e-12:
             if self.current is None:
+                if self.waiting is not None:
+                    self._stop()
+                    break
                 while self.queue and self.current is None:
                     self._start(self.queue.popleft(), now)
                 if self.current is None:
@@ -236,7 +245,6 @@ class EngineSim:
             left = end - now
             if self.prefill_left > 0:
                 rate = compute * tier.prefill_thread_tok_s
-                self.prefill_tokens_per_s = rate
                 spent = min(left, self.prefill_left / rate)
                 done = rate * spent
                 self.prefill_left -= done
@@ -249,7 +257,6 @@ class EngineSim:
                 continue
             bandwidth = self.spec.bandwidth_gb_s * 1e9 / (weights + kv_per_tok * self.ctx)
             limit = min(compute * tier.thread_tok_s, bandwidth * slowdown)
-            self.uncapped_tokens_per_s = limit
             rate = min(limit, cfg.max_tokens_per_s) if cfg.max_tokens_per_s else limit
             spent = min(left, self.answer_left / rate)
             done = rate * spent

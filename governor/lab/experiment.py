@@ -46,10 +46,11 @@ class Summary(BaseModel):
     energy_j: float
     j_per_token: float | None
     oom_kills: int
+    engine_starts: int  # engine processes started (the first, after an OOM kill, after waiting for memory)
+    memory_wait_s: float  # time the engine was stopped because nothing fitted in memory
+    wait_reason: str | None  # the first "no tier fits ..." the decisions said, as `governor status` would show it
     battery_used_wh: float | None
     battery_used_pct: float | None
-    routed_answers: int = 0  # answered by the workload's upstream (issue 12); counted in answers and tokens too
-    routed_tokens: float = 0.0
 
 
 @dataclass
@@ -83,11 +84,12 @@ def simulate(
     """Run `decider` in the daemon's GovernorLoop on a VirtualClock; `trace` gets one TraceRecord line per tick."""
     end_s = minutes * 60 if minutes is not None else workload.duration_s
     clock = VirtualClock()
-    world = World(device, workload, seed, policy=getattr(decider, "policy", None))
+    world = World(device, workload, seed)
     stop = threading.Event()
     states: list[tuple[float, str]] = []
     ticks = 0
     changes = [0, 0]  # config changes, of which at a state change
+    waits: list[str] = []
     last: list[Decision] = []
 
     def listen(t: float, snapshot: Snapshot, observed: EngineObservation | None, decision: Decision) -> None:
@@ -100,6 +102,8 @@ def simulate(
             changes[0] += 1
             changes[1] += decision.state != last[0].state
         last[:] = [decision]
+        if decision.engine_wait is not None and not waits:
+            waits.append(decision.engine_wait)
         if not states or states[-1][1] != decision.state.value:
             states.append((t, decision.state.value))
         if t >= end_s:
@@ -112,7 +116,9 @@ def simulate(
         if event.plugged is not None:  # a power_supply uevent: the daemon ticks at once (udev), so does the lab
             clock.call_at(event.at_s, loop.wake.set)
     loop.run(stop)
-    summary = summarize(world, policy_name, workload.name, states, changes=(changes[0], changes[1]))
+    summary = summarize(
+        world, policy_name, workload.name, states, changes=(changes[0], changes[1]), wait=waits[0] if waits else None
+    )
     return Run(summary=summary, series=world.series, states=states, ticks=ticks)
 
 
@@ -126,23 +132,25 @@ def time_in_states(states: Sequence[tuple[float, str]], end_s: float) -> dict[st
 
 
 def summarize(
-    world: World, policy: str, workload: str, states: Sequence[tuple[float, str]], changes: tuple[int, int] = (0, 0)
+    world: World,
+    policy: str,
+    workload: str,
+    states: Sequence[tuple[float, str]],
+    changes: tuple[int, int] = (0, 0),
+    *,
+    wait: str | None = None,
 ) -> Summary:
     stats = world.engine.stats
     energy = world.thermal.energy_in_j
     bat = world.device.battery
-    up = world.upstream
-    routed_answers, routed_tokens = (up.answers, up.tokens) if up is not None else (0, 0.0)
-    ttfts = stats.ttft_s + (up.ttft_s if up is not None else [])
-    ttft = np.array(ttfts) if ttfts else None
-    tokens = stats.tokens + routed_tokens
+    ttft = np.array(stats.ttft_s) if stats.ttft_s else None
     return Summary(
         device=world.device.name,
         policy=policy,
         workload=workload,
         minutes=world.t / 60,
-        tokens=round(tokens),
-        answers=stats.answers + routed_answers,
+        tokens=round(stats.tokens),
+        answers=stats.answers,
         failed=stats.failed,
         mean_tokens_per_s=stats.tokens / stats.decode_s if stats.decode_s else None,
         p10_tokens_per_s=weighted_percentile(stats.rate_samples, 0.10),
@@ -159,10 +167,11 @@ def summarize(
         state_config_changes=changes[1],
         state_pct=time_in_states(states, world.t),
         energy_j=energy,
-        j_per_token=energy / tokens if tokens else None,
+        j_per_token=energy / stats.tokens if stats.tokens else None,
         oom_kills=stats.oom_kills,
+        engine_starts=stats.starts,
+        memory_wait_s=world.wait_s,
+        wait_reason=wait,
         battery_used_wh=world.battery_used_wh if bat else None,
         battery_used_pct=100 * world.battery_used_wh / bat.capacity_wh if bat else None,
-        routed_answers=routed_answers,
-        routed_tokens=round(routed_tokens),
     )

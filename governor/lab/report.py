@@ -22,8 +22,7 @@ def summary_lines(s: Summary) -> list[str]:
     bat = "-" if s.battery_used_pct is None else f"{s.battery_used_pct:.1f} % ({s.battery_used_wh:.2f} Wh)"
     return [
         f"{s.device} / {s.workload} / policy {s.policy}: {s.minutes:.1f} simulated minutes",
-        f"tokens generated     {s.tokens:,.0f} in {s.answers} answers ({s.failed} failed)"
-        + (f"; {s.routed_tokens:,.0f} in {s.routed_answers} by the upstream" if s.routed_answers else ""),
+        f"tokens generated     {s.tokens:,.0f} in {s.answers} answers ({s.failed} failed)",
         f"tokens/s             mean {_num(s.mean_tokens_per_s, 2)}, p10 {_num(s.p10_tokens_per_s, 2)}",
         f"time to first token  p50 {_num(s.ttft_p50_s, 2)} s, p95 {_num(s.ttft_p95_s, 2)} s",
         f"temperature          {s.limit_zone}: peak {s.peak_c:.1f} °C, mean {s.mean_c:.1f} °C "
@@ -32,7 +31,8 @@ def summary_lines(s: Summary) -> list[str]:
         f"state changes        {s.state_changes}; time in "
         + ", ".join(f"{state} {pct:.0f} %" for state, pct in sorted(s.state_pct.items(), key=lambda kv: -kv[1])),
         f"energy               {s.energy_j:,.0f} J, {_num(s.j_per_token, 2)} J/token",
-        f"OOM kills            {s.oom_kills}",
+        f"OOM kills            {s.oom_kills}; engine starts {s.engine_starts}",
+        f"waiting for memory   {s.memory_wait_s:.0f} s" + (f" ({s.wait_reason})" if s.wait_reason else ""),
         f"battery used         {bat}",
     ]
 
@@ -43,7 +43,7 @@ def comparison_table(runs: Sequence[Run], baseline: str = "none") -> Table:
     table = Table(title=f"{first.device} / {first.workload}, {first.minutes:.0f} min (trip {first.trip_c:.0f} °C)")
     columns = [
         "policy", "tokens", f"÷ {baseline}", "tok/s", "p10", "TTFT p50", "TTFT p95", f"peak {first.limit_zone}",
-        "mean °C", "throttled", "changes", "energy J", "J/token", "OOM", "battery",
+        "mean °C", "throttled", "changes", "energy J", "J/token", "OOM", "failed", "starts", "battery",
     ]  # fmt: skip
     for c in columns:
         table.add_column(c, justify="left" if c == "policy" else "right")
@@ -54,7 +54,8 @@ def comparison_table(runs: Sequence[Run], baseline: str = "none") -> Table:
             s.policy, f"{s.tokens:,.0f}", ratio, _num(s.mean_tokens_per_s, 2), _num(s.p10_tokens_per_s, 2),
             _num(s.ttft_p50_s) + " s", _num(s.ttft_p95_s) + " s", f"{s.peak_c:.1f} °C", f"{s.mean_c:.1f}",
             f"{s.throttled_pct:.1f} %", str(s.state_changes), f"{s.energy_j:,.0f}", _num(s.j_per_token, 2),
-            str(s.oom_kills), "-" if s.battery_used_pct is None else f"{s.battery_used_pct:.1f} %",
+            str(s.oom_kills), str(s.failed), str(s.engine_starts),
+            "-" if s.battery_used_pct is None else f"{s.battery_used_pct:.1f} %",
         )  # fmt: skip
     return table
 

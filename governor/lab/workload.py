@@ -49,7 +49,19 @@ class EventSpec(Spec):
     at_s: float = Field(ge=0)
     plugged: bool | None = None  # the charger is connected / pulled
     other_apps_mb: float | None = Field(default=None, ge=0)  # memory the rest of the system now uses
+    free_mb: float | None = Field(default=None, ge=0)  # ... or all but this much (scales to any device)
+    other_apps_reset: bool = False  # ... or back to the device file's other_apps_mb
+    ramp_s: float = Field(default=0.0, ge=0)  # the other programs' memory changes linearly over this long
     ambient_c: float | None = None  # the room (or the pocket) gets warmer or cooler
+
+    @model_validator(mode="after")
+    def _one_memory_target(self) -> EventSpec:
+        given = [k for k in ("other_apps_mb", "free_mb") if getattr(self, k) is not None] + (
+            ["other_apps_reset"] if self.other_apps_reset else []
+        )
+        if len(given) > 1:
+            raise ValueError(f"give one of other_apps_mb, free_mb, other_apps_reset, not {' and '.join(given)}")
+        return self
 
 
 class BackgroundLoad(Spec):
@@ -66,17 +78,6 @@ class BackgroundLoad(Spec):
         return self
 
 
-class UpstreamSpec(Spec):
-    """A bigger machine the device may route chat turns to (the daemon's `[[upstream]]`; issue 12): routing follows
-    the policy's `[slo]`, so a policy without targets never routes."""
-
-    name: str = Field(default="lan", min_length=1)
-    latency_s: float = Field(default=0.3, ge=0, le=60)  # network and queue before its prefill starts
-    tokens_per_s: float = Field(default=30.0, gt=0, le=1e5)  # its decode speed
-    prefill_tokens_per_s: float = Field(default=1000.0, gt=0, le=1e7)  # it evaluates the whole conversation
-    radio_w: float = Field(default=0.3, ge=0, le=20)  # the device's radio while a routed answer streams in
-
-
 class WorkloadSpec(Spec):
     name: str = Field(min_length=1)
     description: str = ""
@@ -84,7 +85,6 @@ class WorkloadSpec(Spec):
     phase: tuple[PhaseSpec, ...] = Field(min_length=1)
     event: tuple[EventSpec, ...] = ()
     background_load: tuple[BackgroundLoad, ...] = ()
-    upstream: UpstreamSpec | None = None
 
     @property
     def duration_s(self) -> float:

@@ -8,11 +8,9 @@ from dataclasses import dataclass, field
 from governor.clock import Clock
 from governor.lab.device import MB, DeviceSpec
 from governor.lab.engine import EngineSim
-from governor.lab.routing import UpstreamSim
 from governor.lab.thermal import StepWise, ThermalModel
 from governor.lab.workload import Driver, WorkloadSpec
 from policies.decision import Decision, EngineConfig
-from policies.schema import Policy
 from sensors.snapshot import Battery, Cpu, EngineObservation, Memory, Snapshot, Temperature, Trip
 
 PSI_KNEE = 0.10  # memory stalls start when less than this fraction of RAM is available
@@ -31,17 +29,8 @@ class Series:
 
 
 class World:
-    def __init__(
-        self,
-        device: DeviceSpec,
-        workload: WorkloadSpec,
-        seed: int | None = None,
-        record_s: float = 2.0,
-        policy: Policy | None = None,
-    ):
+    def __init__(self, device: DeviceSpec, workload: WorkloadSpec, seed: int | None = None, record_s: float = 2.0):
         self.device = device
-        # The workload's upstream, judged against the policy's [slo] (no upstream or no targets: all local).
-        self.upstream = UpstreamSim(workload.upstream, policy) if workload.upstream is not None else None
         self.dt = device.sim.dt_s
         self.thermal = ThermalModel(device.thermal, device.ambient_c, start_power_w=device.power.idle_w)
         trips = []
@@ -58,6 +47,7 @@ class World:
         self.engine = EngineSim(device.engine, device.cpu)
         self.driver = Driver(workload, seed)
         self.other_apps_bytes = int(device.memory.other_apps_mb * MB)
+        self._ramp: tuple[float, float, float, float] | None = None  # (start s, from bytes, to bytes, span s)
         self.total_bytes = int(device.memory.total_mb * MB)
         bat = device.battery
         self.plugged = bat.plugged if bat else True
@@ -74,6 +64,7 @@ class World:
         self.peak_limit_c = self.peak_die_c = self.zone_temp(self.limit_index)
         self.sum_limit_c_s = 0.0
         self.throttled_s = 0.0
+        self.wait_s = 0.0  # the engine stopped, waiting for memory
         self.series = Series()
         self._record_every = max(1, round(record_s / self.dt))
         self._tokens_at_record = 0.0
@@ -95,11 +86,11 @@ class World:
         under = [f for f in steps if f <= ratio + 1e-9]
         self.user_cap = max(under) if under else min(steps)
 
-    def on_tick(self, _t: float, _s: Snapshot, _o: EngineObservation | None, decision: Decision) -> None:
-        """A GovernorLoop listener, as the daemon's frequency actuator is: apply the decision's clock cap."""
+    def on_tick(self, t: float, _s: Snapshot, _o: EngineObservation | None, decision: Decision) -> None:
+        """A GovernorLoop listener, as the daemon's frequency actuator and supervisor are: apply the decision's clock
+        cap, and stop the engine (requests wait) while nothing fits in memory."""
         self.set_cap(decision.freq_ratio)
-        if self.upstream is not None:
-            self.upstream.on_tick(_t, decision, self.engine)
+        self.engine.wait(decision.engine_wait, t)
 
     def advance_to(self, t: float) -> None:
         """Step the physics on its fixed grid up to `t` (the snapshot is at most one step old)."""
@@ -112,30 +103,36 @@ class World:
         for event in self.driver.events(t):
             if event.plugged is not None:
                 self.plugged = event.plugged
+            target = None
             if event.other_apps_mb is not None:
-                self.other_apps_bytes = int(event.other_apps_mb * MB)
+                target = event.other_apps_mb * MB
+            elif event.free_mb is not None:
+                target = max(0.0, self.total_bytes - event.free_mb * MB)
+            elif event.other_apps_reset:
+                target = self.device.memory.other_apps_mb * MB
+            if target is not None:
+                self._ramp = (event.at_s, float(self.other_apps_bytes), target, event.ramp_s)
+                self._ramp_to(t)
             if event.ambient_c is not None:
                 self.thermal.set_ambient(event.ambient_c)
 
-    def _dispatch(self, t: float) -> UpstreamSim | None:
-        """New requests to the engine, or to the workload's upstream when the policy's [slo] says so."""
-        engine, upstream = self.engine, self.upstream
-        for request in self.driver.arrivals(t):
-            if upstream is not None and upstream.wants(request, engine):
-                upstream.submit(request, t, engine.conversation_tokens())
-                engine.routed(request)
-            else:
-                engine.submit(request)
-        if upstream is not None:
-            for end in upstream.step(t):
-                self.driver.answered(end)
-        return upstream
+    def _ramp_to(self, t: float) -> None:
+        """Other programs' memory on its way from one event's level to the next (linear over `ramp_s`)."""
+        if self._ramp is None:
+            return
+        start, before, after, span = self._ramp
+        done = 1.0 if span <= 0 else min(1.0, max(0.0, (t - start) / span))
+        self.other_apps_bytes = int(before + done * (after - before))
+        if done >= 1.0:
+            self._ramp = None
 
     def _step(self, h: float) -> None:
         t = self.t
         self._events(t)
+        self._ramp_to(t)
         engine = self.engine
-        upstream = self._dispatch(t)
+        for request in self.driver.arrivals(t):
+            engine.submit(request)
         if engine.loaded and engine.footprint_bytes() > self.total_bytes - self.other_apps_bytes:
             engine.oom_kill(t)
         freq = self.freq_ratio
@@ -152,7 +149,7 @@ class World:
         threads = engine.config.threads if running and engine.config is not None else 0
         self.cpu_psi = 100.0 * min(1.0, max(0.0, min(threads, cores) + background - cores) / cores)
         dynamic = p.thread_w * (big + self.other_cores) + self.device.cpu.little_thread_w * little
-        self.power_w = p.idle_w + dynamic * freq**p.freq_exponent + (upstream.radio_w() if upstream else 0.0)
+        self.power_w = p.idle_w + dynamic * freq**p.freq_exponent
         self.thermal.step(self.power_w, h)
         if self.device.battery is not None:
             if self.plugged:
@@ -164,6 +161,8 @@ class World:
                 self.battery_used_wh += used
         self._steps += 1
         self.t = t + h
+        if engine.stopped:
+            self.wait_s += h
         if self._steps % self._poll_every == 0:
             self.kernel.poll([self.zone_temp(i) for i in range(len(self._zone_die))])
         limit = self.zone_temp(self.limit_index)
@@ -247,11 +246,13 @@ class SimulatedEngine:
         engine = self.world.engine
         if engine.config is None:
             return None
+        if engine.stopped:  # waiting for memory: no model loaded, requests queued
+            return EngineObservation(busy=engine.busy(), model=None, loaded=False, threads=engine.config.threads)
         return EngineObservation(
             busy=engine.busy(),
             tokens_per_s=engine.take_rate(),
             model=engine.config.model,
-            rss_bytes=engine.resident_bytes() or None,
+            rss_bytes=engine.resident_bytes(),  # 0 while loading: the snapshot's available memory holds it all
             threads=engine.config.threads,
         )
 

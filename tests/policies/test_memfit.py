@@ -195,3 +195,14 @@ def test_memory_the_engine_holds_counts_toward_the_budget(tmp_path: Path) -> Non
     loaded = EngineObservation(busy=False, model="big", rss_bytes=300 * MIB)
     d = gov.decide(snap(50.0, available_mb=210), loaded, 0.0)
     assert (d.engine.n_ctx, d.engine.kv_type, d.readings["fit_bound"]) == (4096, "f16", "profile")
+
+
+def test_when_nothing_fits_the_decision_says_wait_and_memory_coming_back_ends_it(tmp_path: Path) -> None:
+    gov = ladder_governor(tmp_path)
+    wall = run(gov, [snap(50.0, available_mb=120)] * 3, engine=None)  # 120 - 100 reserve: 20 MiB for the engine
+    assert wall[-1].engine_wait == "no tier fits in 20 MiB; waiting for memory"
+    assert wall[-1].rule == "memory.wait"
+    assert "no tier fits in 20 MiB; waiting for memory (small needs" in wall[-1].reason
+    back = run(gov, [snap(50.0, available_mb=4000)] * 12, t0=3.0, engine=None)
+    assert back[-1].engine_wait is None
+    assert back[-1].engine.model == "big"

@@ -328,3 +328,63 @@ def test_an_engine_that_cannot_be_started_is_retried_and_reported() -> None:
         assert len(h.started) == FAST.max_failures  # tried each time, not one dead thread
     finally:
         h.supervisor.stop(5.0)
+
+
+WALL = "no tier fits in 40 MiB; waiting for memory"
+
+
+def test_while_nothing_fits_no_engine_is_started_and_memory_coming_back_starts_one() -> None:
+    h = Harness(SLEEPER, restart=RestartPolicy(initial_s=0.01, max_s=0.05, probe_interval_s=0.1))
+    try:
+        h.supervisor.hold(WALL)
+        h.supervisor.want(LARGE)
+        avail = h.supervisor.availability()
+        assert (avail.ready, avail.given_up) == (False, False)  # requests wait: this is not a failure
+        assert avail.reason == f"the engine is stopped: {WALL}"
+        eventually(lambda: h.supervisor._thread is not None and h.supervisor._thread.is_alive())
+        assert h.supervisor.status.starts == 0
+        assert h.started == []
+        h.supervisor.hold(None)
+        ready_pid(h.supervisor)
+        assert h.supervisor.status.starts == 1
+    finally:
+        h.supervisor.stop(5.0)
+
+
+def test_a_running_engine_is_stopped_once_its_answers_are_done_and_not_restarted_until_memory_is_back() -> None:
+    h = Harness(SLEEPER, restart=RestartPolicy(initial_s=0.01, max_s=0.05, probe_interval_s=0.1))
+    try:
+        h.supervisor.want(LARGE)
+        pid = ready_pid(h.supervisor)
+        start = h.supervisor.request_started(chat=True)  # an answer in flight
+        h.supervisor.hold(WALL)
+        assert not h.supervisor.availability().ready  # new requests wait from now on
+        h.supervisor.request_ended(start)
+        eventually(lambda: not h.supervisor.status.running)
+        status = h.supervisor.status
+        assert status.last_exit is not None
+        assert status.last_exit.endswith(f": {WALL}")
+        assert (status.failures, status.starts, status.critical) == (0, 1, None)  # a stop, not a death
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+        h.supervisor.hold(None)
+        assert ready_pid(h.supervisor) != pid
+        assert h.supervisor.status.starts == 2
+    finally:
+        h.supervisor.stop(5.0)
+
+
+def test_the_decision_to_wait_for_memory_reaches_the_supervisor() -> None:
+    class Wall(Policy):
+        def decide(
+            self, snapshot: Snapshot, engine: EngineObservation | None, t: float, holds: Sequence[Hold] = ()
+        ) -> Decision:
+            return super().decide(snapshot, engine, t, holds).model_copy(update={"engine_wait": WALL})
+
+    h = Harness(SLEEPER)
+    decider = SupervisedDecider(Wall(), h.supervisor)
+    decider.decide(Snapshot(), None, 0.0)
+    assert h.supervisor.status.waiting == WALL
+    decider.inner = Policy()
+    decider.decide(Snapshot(), None, 1.0)
+    assert h.supervisor.status.waiting is None
