@@ -47,7 +47,7 @@ def engine_command(
     argv = [
         sys.executable,
         "-m",
-        "governor",
+        "governor.engine",  # the lean entry point: not every subcommand's modules (governor.engine.__main__)
         "--log-json",
         "engine",
         "--models",

@@ -13,6 +13,7 @@ import grp
 import os
 import signal
 import socket
+import sys
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -53,6 +54,10 @@ class EngineError(GovernorError):
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    add_engine(sub).set_defaults(func=_run_from_cli)
+
+
+def add_engine(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "engine",
         help="serve a llama.cpp model over an OpenAI-compatible API on a Unix socket",
@@ -103,7 +108,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "llama.cpp path crashes (default: the ladder's extra_buffers, else auto)",
     )
     p.add_argument("--root", type=Path, default=Path("/"), metavar="DIR", help="read DIR/proc/cpuinfo (default /)")
-    p.set_defaults(func=run)
+    return p
+
+
+def _run_from_cli(args: argparse.Namespace) -> int:
+    launched = Path(sys.argv[0]).name in ("governor", "__main__.py") and "engine" in sys.argv[1:]
+    if launched and not os.environ.get("GOVERNOR_NO_REEXEC"):
+        # The full CLI has imported every subcommand's modules (gguf, yaml, the lab, the daemon's CLI: about 3 MB of
+        # live Python objects) that an engine would keep through every idle unload (issue 14: RSS unloaded ÷ bare
+        # engine): become the lean entry point instead (same pid, as `governor run` does).
+        os.execv(sys.executable, [sys.executable, "-m", "governor.engine", *sys.argv[1:]])
+    return run(args)
 
 
 def initial(args: argparse.Namespace) -> tuple[dict[str, ModelSpec], Settings]:
