@@ -24,6 +24,7 @@ from sensors.root import Reader, Root, describe
 from sensors.snapshot import EngineObservation, Snapshot
 
 CPUFREQ = "sys/devices/system/cpu/cpufreq"
+PSTATE = "sys/devices/system/cpu/intel_pstate"
 ORIGINALS = "freq-originals.json"
 
 
@@ -40,10 +41,11 @@ class Cluster:
     original_khz: int  # what scaling_max_freq held before we wrote
     writable: bool
     cap_khz: int | None = None  # what we last wrote; None = the original is in force
+    unit: str = "kHz"  # "%" for intel_pstate's max_perf_pct (then the *_khz fields are percentages)
 
     def target(self, ratio: float) -> int:
         """The highest frequency the kernel accepts at or under ratio x max, never below min or above the original."""
-        want = int(ratio * self.max_khz)
+        want = int(ratio * self.max_khz + 1e-9)
         if self.available_khz:
             under = [f for f in self.available_khz if f <= want]
             want = under[-1] if under else self.available_khz[0]
@@ -75,7 +77,8 @@ class FreqCap:
                 "threads and rate are the actuators"
             )
         else:
-            self.reason = f"{len(writable)} of {len(self.clusters)} cpufreq policies writable"
+            names = ", ".join(c.name for c in writable)
+            self.reason = f"{len(writable)} of {len(self.clusters)} CPU frequency limits writable ({names})"
         self._log.debug("cpu frequency actuator", writable=bool(writable), reason=self.reason)
 
     def recover(self) -> None:
@@ -127,9 +130,29 @@ class FreqCap:
                     writable=self.root.writable(path),
                 )
             )
+        pstate = self._pstate(reader)
+        if pstate is not None:
+            out.append(pstate)
         for problem in reader.problems:
             self._log.warning("cpufreq policy skipped", path=problem.path, reason=problem.reason)
         return out
+
+    def _pstate(self, reader: Reader) -> Cluster | None:
+        """Intel's intel_pstate driver: one package-wide limit, `max_perf_pct` (a percentage of the top P-state,
+        never below `min_perf_pct`). Written alongside scaling_max_freq (the driver honours both; on some kernels
+        and in its passive mode only this one binds)."""
+        base = self.root.path(PSTATE)
+        texts = [reader.optional_text(f"{base}/{name}") for name in ("max_perf_pct", "min_perf_pct")]
+        if texts[0] is None or texts[1] is None:
+            return None  # not an Intel CPU, or another driver: absent is normal
+        top, low = reader.parse(f"{base}/max_perf_pct", texts[0]), reader.parse(f"{base}/min_perf_pct", texts[1])
+        if top is None or low is None or not 0 <= low <= top <= 100:
+            return None
+        path = f"{base}/max_perf_pct"
+        return Cluster(
+            name="intel_pstate", cpus="all", path=path, min_khz=max(1, int(low)), max_khz=100,
+            available_khz=(), original_khz=int(top), writable=self.root.writable(path), unit="%",
+        )  # fmt: skip
 
     # -- for the policy: the ratios it may choose ---------------------------------------------------------------
     def ratios(self) -> tuple[float, ...] | None:
@@ -137,7 +160,7 @@ class FreqCap:
         writable = [c for c in self.clusters if c.writable]
         if not writable:
             return None
-        top = max(writable, key=lambda c: c.max_khz)
+        top = max(writable, key=lambda c: (c.unit == "kHz", c.max_khz))
         steps = top.available_khz or tuple(range(top.min_khz, top.max_khz, max(1, (top.max_khz - top.min_khz) // 16)))
         return tuple(sorted({round(f / top.max_khz, 4) for f in steps if f >= top.min_khz} | {1.0}))
 
@@ -217,7 +240,7 @@ class FreqCap:
     # -- for `governor status` ---------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         writable = any(c.writable for c in self.clusters)
-        caps = [c.cap_khz for c in self.clusters if c.cap_khz is not None]
+        caps = [c.cap_khz for c in self.clusters if c.cap_khz is not None and c.unit == "kHz"]
         return {
             "writable": writable,
             "reason": self.reason,
@@ -232,6 +255,7 @@ class FreqCap:
                     "original_khz": c.original_khz,
                     "min_khz": c.min_khz,
                     "max_khz": c.max_khz,
+                    "unit": c.unit,
                 }
                 for c in self.clusters
             ],

@@ -52,11 +52,13 @@ def _clock_row(head: Table, freq: dict[str, Any] | None) -> None:
 
 def _clock(freq: dict[str, Any]) -> str:
     """The frequency actuator: the caps in force per cluster, or why there are none."""
-    if freq.get("freq_cap_khz"):
+    capped = [c for c in freq.get("clusters") or [] if c.get("cap_khz")]
+    if capped:
         clusters = ", ".join(
-            f"{safe(c['policy'])} {c['cap_khz'] / 1e6:.2f} of {c['max_khz'] / 1e6:.2f} GHz"
-            for c in freq.get("clusters") or []
-            if c.get("cap_khz")
+            f"{safe(c['policy'])} {c['cap_khz']} % of the top P-state"
+            if c.get("unit") == "%"
+            else f"{safe(c['policy'])} {c['cap_khz'] / 1e6:.2f} of {c['max_khz'] / 1e6:.2f} GHz"
+            for c in capped
         )
         return f"[yellow]capped[/]: {clusters} (restored on exit)"
     if freq.get("writable"):

@@ -147,3 +147,66 @@ def test_a_damaged_saved_file_is_reported_and_left(tmp_path: Path, content: str)
     cap.start()  # no crash, nothing written
     assert read_khz(tree, 4) == 2_400_000
     assert (tmp_path / ORIGINALS).read_text() == content
+
+
+PSTATE = f"{CPU}/intel_pstate"
+
+
+def intel(root: Path, *, cpufreq: bool = True) -> FakeTree:
+    """An Intel laptop under intel_pstate: one policy per core without a frequency table, and the driver's
+    package-wide max_perf_pct (the user's floor in min_perf_pct)."""
+    tree = FakeTree(root)
+    if cpufreq:
+        for cpu in range(4):
+            tree.cluster(cpu, range(cpu, cpu + 1), max_khz=3_400_000, min_khz=400_000)
+    tree.write(f"{PSTATE}/max_perf_pct", 100)
+    tree.write(f"{PSTATE}/min_perf_pct", 20)
+    return tree
+
+
+def pct(tree: FakeTree) -> int:
+    return int(tree.path(f"{PSTATE}/max_perf_pct").read_text())
+
+
+def test_intel_pstate_max_perf_pct_is_capped_with_the_policies_and_restored(tmp_path: Path) -> None:
+    tree = intel(tmp_path / "root")
+    cap = FreqCap(Root(tree.root), tmp_path)
+    cap.start()
+    assert "intel_pstate" in cap.reason
+    cap.apply(0.6)
+    assert pct(tree) == 60
+    assert read_khz(tree, 0) == 2_040_000
+    status = cap.status()
+    assert status["freq_cap_khz"] == 2_040_000  # kHz only: the percentage is its own entry
+    assert status["clusters"][-1] == {
+        "policy": "intel_pstate", "cpus": "all", "writable": True, "cap_khz": 60, "original_khz": 100,
+        "min_khz": 20, "max_khz": 100, "unit": "%",
+    }  # fmt: skip
+    cap.apply(0.05)
+    assert pct(tree) == 20  # never below the driver's min_perf_pct
+    cap.close()
+    assert pct(tree) == 100
+    assert not (tmp_path / ORIGINALS).exists()
+
+
+def test_intel_pstate_alone_is_an_actuator_and_a_crash_is_undone_at_the_next_start(tmp_path: Path) -> None:
+    tree = intel(tmp_path / "root", cpufreq=False)
+    crashed = FreqCap(Root(tree.root), tmp_path)
+    crashed.start()
+    ratios = crashed.ratios()
+    assert ratios is not None
+    assert ratios[0] == 0.2
+    assert ratios[-1] == 1.0
+    crashed.apply(0.5)
+    assert pct(tree) == 50
+    after = FreqCap(Root(tree.root), tmp_path)  # kill -9: no close(); the next start restores from the saved file
+    after.start()
+    assert pct(tree) == 100
+
+
+def test_without_intel_pstate_nothing_is_reported(tmp_path: Path) -> None:
+    tree = big_little(tmp_path / "root")
+    cap = FreqCap(Root(tree.root), tmp_path)
+    cap.start()
+    assert [c["policy"] for c in cap.status()["clusters"]] == ["policy0", "policy4"]
+    assert "intel_pstate" not in cap.reason

@@ -135,6 +135,10 @@ def test_the_clock_cap_and_where_it_cannot_be_written() -> None:
     text = shown(base | {"actuators": {"cpufreq": capped}})
     assert "cpu clock" in text
     assert "capped: policy4 1.61 of 2.40 GHz (restored on exit)" in text
+    pstate = {"policy": "intel_pstate", "cpus": "all", "writable": True, "cap_khz": 60, "max_khz": 100, "unit": "%"}
+    only_pstate = {"writable": True, "reason": "", "freq_cap_khz": None, "clusters": [pstate]}
+    text = shown(base | {"actuators": {"cpufreq": only_pstate}})
+    assert "capped: intel_pstate 60 % of the top P-state (restored on exit)" in text
     unwritable = {"writable": False, "reason": "scaling_max_freq is not writable: threads and rate are the actuators"}
     text = shown(base | {"actuators": {"cpufreq": unwritable | {"freq_cap_khz": None, "clusters": []}}})
     assert "not writable: threads and rate are the actuators" in text

@@ -31,7 +31,7 @@ def test_system_unit_has_real_paths_and_the_contract(tmp_path: Path) -> None:
         "ProtectHome=read-only",
         "PrivateTmp=yes",
         "DynamicUser=yes",
-        "ReadWritePaths=-/sys/devices/system/cpu/cpufreq",  # the frequency actuator's one write path
+        "ReadWritePaths=-/sys/devices/system/cpu/cpufreq -/sys/devices/system/cpu/intel_pstate",  # the clock caps
         "CapabilityBoundingSet=CAP_DAC_OVERRIDE",
     ):
         assert f"\n{line}\n" in text
