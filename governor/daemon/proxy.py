@@ -81,7 +81,6 @@ class ProxyApp:
     def __init__(self, upstream: Path, gate: EngineGate, *, hold_s: float, router: Router | None = None) -> None:
         self.upstream, self.gate, self.hold_s = upstream, gate, hold_s
         self.router = router if router is not None and router.enabled else None
-        self._clients: dict[str, Any] = {}  # upstream name -> httpx.AsyncClient, made on this loop at first use
         self._log = structlog.get_logger("governor.proxy")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -157,7 +156,6 @@ class ProxyApp:
             try:
                 await routed.forward(
                     link,
-                    self._client(link),
                     path,
                     info,
                     local_tier=router.local_tier(),
@@ -178,12 +176,6 @@ class ProxyApp:
         marks = {"route": route.label, "why": route.reason}
         await self._exchange(request, True, send, sent, marks=marks, info=info)
         router.answered(route, ttft_s=None, total_s=loop.time() - began)
-
-    def _client(self, link: Any) -> Any:
-        client = self._clients.get(link.name)
-        if client is None:
-            client = self._clients[link.name] = routed.make_client(link)
-        return client
 
     async def _exchange(
         self,

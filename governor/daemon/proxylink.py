@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,9 @@ import h11
 import httptools
 import uvicorn
 
-from governor.daemon.upstream import ROUTE_HEADER
-
 READ_CHUNK = 64 * 2**10
+ROUTE_HEADER = b"x-governor-route"  # every chat answer says where it ran: local or upstream:NAME
+LOCAL_ONLY_HEADER = b"x-governor-local-only"  # a request's opt-out of routing (docs/routing.md)
 HOP_BY_HOP = frozenset(
     {
         b"connection",
@@ -77,8 +78,10 @@ class EngineLink:
     connection per request: connecting to a local socket costs microseconds, and a dead engine's connections never
     need weeding out of a pool."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path | None, *, address: tuple[str, int] | None = None, host: bytes = b"engine") -> None:
+        """`path`: a Unix socket; else `address` (host, port) over TCP (TLS with `tls`); `host`: the Host header."""
+        self.path, self.address, self.host = path, address, host
+        self.tls: ssl.SSLContext | None = None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._parser = httptools.HttpResponseParser(self)
@@ -90,10 +93,15 @@ class EngineLink:
 
     async def send(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         """Raises OSError (refused, missing) before anything reached the engine."""
-        self._reader, self._writer = await asyncio.open_unix_connection(str(self.path), limit=READ_CHUNK)
+        if self.path is not None:
+            self._reader, self._writer = await asyncio.open_unix_connection(str(self.path), limit=READ_CHUNK)
+        else:
+            assert self.address is not None
+            host, port = self.address
+            self._reader, self._writer = await asyncio.open_connection(host, port, ssl=self.tls, limit=READ_CHUNK)
         self._head_only = method == b"HEAD"
         conn = h11.Connection(h11.CLIENT)
-        head = [(b"host", b"engine"), *headers, (b"content-length", str(len(body)).encode())]
+        head = [(b"host", self.host), *headers, (b"content-length", str(len(body)).encode())]
         data = conn.send(h11.Request(method=method, target=target, headers=head))
         data += conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage())
         self._writer.write(data)
