@@ -79,10 +79,11 @@ class DaemonMetrics:
     def upstream_error(self, upstream: str, phase: str) -> None:
         self.upstream_errors.labels(upstream, phase).inc()
 
-    def latency(self, route: str, ttft_s: float | None, total_s: float) -> None:
+    def latency(self, route: str, ttft_s: float | None, total_s: float | None) -> None:
         if ttft_s is not None:
             self.ttft.labels(route).observe(ttft_s)
-        self.duration.labels(route).observe(total_s)
+        if total_s is not None:
+            self.duration.labels(route).observe(total_s)
 
     def _update(self) -> None:
         if self._last is None:

@@ -263,6 +263,8 @@ class Router:
     def local_ttft(self, prompt_tokens: int, ttft_s: float, *, idle: bool) -> None:
         """A local streamed answer's first token came `ttft_s` after the request (only counted when the engine was
         idle: time behind another answer is not prefill)."""
+        if self._metrics is not None:
+            self._metrics.latency("local", ttft_s, None)
         status = self._engine_status() or {}
         threads = status.get("threads")
         if not idle or ttft_s <= 0 or not isinstance(threads, int):

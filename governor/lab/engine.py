@@ -72,6 +72,8 @@ class EngineSim:
         self.finished: list[float] = []  # times answers ended (or failed), for the chat driver
         self.window_tokens = 0.0  # since the last observe()
         self.window_decode_s = 0.0
+        self.uncapped_tokens_per_s: float | None = None  # the last decode speed without the rate cap (measured)
+        self.prefill_tokens_per_s: float | None = None  # the last prefill speed
 
     # --- control (EngineControl.apply through SimulatedEngine) ---
 
@@ -181,6 +183,24 @@ class EngineSim:
     def submit(self, request: Request) -> None:
         self.queue.append(request)
 
+    def pending_tokens(self) -> float:
+        """Conversation tokens the next local turn must evaluate before its prompt (after a reload or routed turns)."""
+        return self._pending_history
+
+    def conversation_tokens(self) -> float:
+        return self.history + self._pending_history
+
+    def routed(self, request: Request) -> None:
+        """A turn answered elsewhere: the conversation grew by it, and the next local turn evaluates it first."""
+        turn = float(request.prompt_tokens + request.answer_tokens)
+        if request.new_conversation:
+            self.ctx, self.history = 0.0, 0.0
+            self._keep = float(request.system_tokens)
+            self._pending_history = request.system_tokens + turn
+        else:
+            self._pending_history += turn
+        self.history += turn
+
     def busy(self) -> bool:
         return self.current is not None or bool(self.queue)
 
@@ -245,6 +265,7 @@ class EngineSim:
             left = end - now
             if self.prefill_left > 0:
                 rate = compute * tier.prefill_thread_tok_s
+                self.prefill_tokens_per_s = rate
                 spent = min(left, self.prefill_left / rate)
                 done = rate * spent
                 self.prefill_left -= done
@@ -257,6 +278,7 @@ class EngineSim:
                 continue
             bandwidth = self.spec.bandwidth_gb_s * 1e9 / (weights + kv_per_tok * self.ctx)
             limit = min(compute * tier.thread_tok_s, bandwidth * slowdown)
+            self.uncapped_tokens_per_s = limit
             rate = min(limit, cfg.max_tokens_per_s) if cfg.max_tokens_per_s else limit
             spent = min(left, self.answer_left / rate)
             done = rate * spent

@@ -51,6 +51,8 @@ class Summary(BaseModel):
     wait_reason: str | None  # the first "no tier fits ..." the decisions said, as `governor status` would show it
     battery_used_wh: float | None
     battery_used_pct: float | None
+    routed_answers: int = 0  # answered by the workload's upstream (issue 12); counted in answers and tokens too
+    routed_tokens: float = 0.0
 
 
 @dataclass
@@ -84,7 +86,7 @@ def simulate(
     """Run `decider` in the daemon's GovernorLoop on a VirtualClock; `trace` gets one TraceRecord line per tick."""
     end_s = minutes * 60 if minutes is not None else workload.duration_s
     clock = VirtualClock()
-    world = World(device, workload, seed)
+    world = World(device, workload, seed, policy=getattr(decider, "policy", None))
     stop = threading.Event()
     states: list[tuple[float, str]] = []
     ticks = 0
@@ -143,14 +145,18 @@ def summarize(
     stats = world.engine.stats
     energy = world.thermal.energy_in_j
     bat = world.device.battery
-    ttft = np.array(stats.ttft_s) if stats.ttft_s else None
+    up = world.upstream
+    routed_answers, routed_tokens = (up.answers, up.tokens) if up is not None else (0, 0.0)
+    ttfts = stats.ttft_s + (up.ttft_s if up is not None else [])
+    ttft = np.array(ttfts) if ttfts else None
+    tokens = stats.tokens + routed_tokens
     return Summary(
         device=world.device.name,
         policy=policy,
         workload=workload,
         minutes=world.t / 60,
-        tokens=round(stats.tokens),
-        answers=stats.answers,
+        tokens=round(tokens),
+        answers=stats.answers + routed_answers,
         failed=stats.failed,
         mean_tokens_per_s=stats.tokens / stats.decode_s if stats.decode_s else None,
         p10_tokens_per_s=weighted_percentile(stats.rate_samples, 0.10),
@@ -167,11 +173,13 @@ def summarize(
         state_config_changes=changes[1],
         state_pct=time_in_states(states, world.t),
         energy_j=energy,
-        j_per_token=energy / stats.tokens if stats.tokens else None,
+        j_per_token=energy / tokens if tokens else None,
         oom_kills=stats.oom_kills,
         engine_starts=stats.starts,
         memory_wait_s=world.wait_s,
         wait_reason=wait,
         battery_used_wh=world.battery_used_wh if bat else None,
         battery_used_pct=100 * world.battery_used_wh / bat.capacity_wh if bat else None,
+        routed_answers=routed_answers,
+        routed_tokens=round(routed_tokens),
     )

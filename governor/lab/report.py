@@ -22,7 +22,8 @@ def summary_lines(s: Summary) -> list[str]:
     bat = "-" if s.battery_used_pct is None else f"{s.battery_used_pct:.1f} % ({s.battery_used_wh:.2f} Wh)"
     return [
         f"{s.device} / {s.workload} / policy {s.policy}: {s.minutes:.1f} simulated minutes",
-        f"tokens generated     {s.tokens:,.0f} in {s.answers} answers ({s.failed} failed)",
+        f"tokens generated     {s.tokens:,.0f} in {s.answers} answers ({s.failed} failed)"
+        + (f"; {s.routed_tokens:,.0f} in {s.routed_answers} by the upstream" if s.routed_answers else ""),
         f"tokens/s             mean {_num(s.mean_tokens_per_s, 2)}, p10 {_num(s.p10_tokens_per_s, 2)}",
         f"time to first token  p50 {_num(s.ttft_p50_s, 2)} s, p95 {_num(s.ttft_p95_s, 2)} s",
         f"temperature          {s.limit_zone}: peak {s.peak_c:.1f} °C, mean {s.mean_c:.1f} °C "

@@ -78,6 +78,17 @@ class BackgroundLoad(Spec):
         return self
 
 
+class UpstreamSpec(Spec):
+    """A bigger machine the device may route chat turns to (the daemon's `[[upstream]]`; issue 12): routing follows
+    the policy's `[slo]`, so a policy without targets never routes."""
+
+    name: str = Field(default="lan", min_length=1)
+    latency_s: float = Field(default=0.3, ge=0, le=60)  # network and queue before its prefill starts
+    tokens_per_s: float = Field(default=30.0, gt=0, le=1e5)  # its decode speed
+    prefill_tokens_per_s: float = Field(default=1000.0, gt=0, le=1e7)  # it evaluates the whole conversation
+    radio_w: float = Field(default=0.3, ge=0, le=20)  # the device's radio while a routed answer streams in
+
+
 class WorkloadSpec(Spec):
     name: str = Field(min_length=1)
     description: str = ""
@@ -85,6 +96,7 @@ class WorkloadSpec(Spec):
     phase: tuple[PhaseSpec, ...] = Field(min_length=1)
     event: tuple[EventSpec, ...] = ()
     background_load: tuple[BackgroundLoad, ...] = ()
+    upstream: UpstreamSpec | None = None
 
     @property
     def duration_s(self) -> float:

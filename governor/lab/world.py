@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 from governor.clock import Clock
 from governor.lab.device import MB, DeviceSpec
 from governor.lab.engine import EngineSim
+from governor.lab.routing import UpstreamSim
 from governor.lab.thermal import StepWise, ThermalModel
 from governor.lab.workload import Driver, WorkloadSpec
 from policies.decision import Decision, EngineConfig
+from policies.schema import Policy
 from sensors.snapshot import Battery, Cpu, EngineObservation, Memory, Snapshot, Temperature, Trip
 
 PSI_KNEE = 0.10  # memory stalls start when less than this fraction of RAM is available
@@ -29,8 +31,17 @@ class Series:
 
 
 class World:
-    def __init__(self, device: DeviceSpec, workload: WorkloadSpec, seed: int | None = None, record_s: float = 2.0):
+    def __init__(
+        self,
+        device: DeviceSpec,
+        workload: WorkloadSpec,
+        seed: int | None = None,
+        record_s: float = 2.0,
+        policy: Policy | None = None,
+    ):
         self.device = device
+        # The workload's upstream, judged against the policy's [slo] (no upstream or no targets: all local).
+        self.upstream = UpstreamSim(workload.upstream, policy) if workload.upstream is not None else None
         self.dt = device.sim.dt_s
         self.thermal = ThermalModel(device.thermal, device.ambient_c, start_power_w=device.power.idle_w)
         trips = []
@@ -91,6 +102,8 @@ class World:
         cap, and stop the engine (requests wait) while nothing fits in memory."""
         self.set_cap(decision.freq_ratio)
         self.engine.wait(decision.engine_wait, t)
+        if self.upstream is not None:
+            self.upstream.on_tick(t, decision, self.engine)
 
     def advance_to(self, t: float) -> None:
         """Step the physics on its fixed grid up to `t` (the snapshot is at most one step old)."""
@@ -126,13 +139,26 @@ class World:
         if done >= 1.0:
             self._ramp = None
 
+    def _dispatch(self, t: float) -> UpstreamSim | None:
+        """New requests to the engine, or to the workload's upstream when the policy's [slo] says so."""
+        engine, upstream = self.engine, self.upstream
+        for request in self.driver.arrivals(t):
+            if upstream is not None and upstream.wants(request, engine):
+                upstream.submit(request, t, engine.conversation_tokens())
+                engine.routed(request)
+            else:
+                engine.submit(request)
+        if upstream is not None:
+            for end in upstream.step(t):
+                self.driver.answered(end)
+        return upstream
+
     def _step(self, h: float) -> None:
         t = self.t
         self._events(t)
         self._ramp_to(t)
         engine = self.engine
-        for request in self.driver.arrivals(t):
-            engine.submit(request)
+        upstream = self._dispatch(t)
         if engine.loaded and engine.footprint_bytes() > self.total_bytes - self.other_apps_bytes:
             engine.oom_kill(t)
         freq = self.freq_ratio
@@ -149,7 +175,7 @@ class World:
         threads = engine.config.threads if running and engine.config is not None else 0
         self.cpu_psi = 100.0 * min(1.0, max(0.0, min(threads, cores) + background - cores) / cores)
         dynamic = p.thread_w * (big + self.other_cores) + self.device.cpu.little_thread_w * little
-        self.power_w = p.idle_w + dynamic * freq**p.freq_exponent
+        self.power_w = p.idle_w + dynamic * freq**p.freq_exponent + (upstream.radio_w() if upstream else 0.0)
         self.thermal.step(self.power_w, h)
         if self.device.battery is not None:
             if self.plugged:
