@@ -6,12 +6,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 
 from governor.daemon.config import ConfigError, load_config
+from governor.daemon.proxy import ProxyServer
 from governor.daemon.routing import RoutingError, UpstreamLink, build_router, chat_info, read_key
 from governor.daemon.supervisor import Availability
 from governor.daemon.upstream import first_token_seen, mark_first_event, mark_json
+from policies.decision import Decision, EngineConfig, State
+from tests.governor.daemon.test_proxy import SSE_HEAD, Gate, ScriptedEngine, chunk
+from tests.policies.conftest import make_policy
 
 READY = Availability(True, False, "", 0)
 
@@ -139,3 +144,37 @@ def test_answers_are_marked_where_they_ran() -> None:
     first, rest = marked.split(b"\n\n", 1)
     assert json.loads(first[6:])["governor"] == fields
     assert rest == token
+
+
+def test_a_long_prompt_goes_upstream_once_the_devices_prefill_speed_is_measured(tmp_path: Path) -> None:
+    cfg = load_config(config(tmp_path, '[[upstream]]\nname = "lan"\nbase_url = "http://h/v1"\n'))
+    policy = make_policy(slo={"max_ttft_s": 1.0})
+    status: dict[str, object] = {"threads": 4, "busy": False, "queue_length": 0}
+    router = build_router(cfg.upstream, {}, policy=lambda: policy, engine_status=lambda: status)
+    engine = EngineConfig(threads=4, n_ctx=1024, model="large")
+    router.on_tick(0.0, None, None, Decision(t=0.0, state=State.IDLE, engine=engine, reason="", rule=""))  # type: ignore[arg-type]
+    short = chat_info(json.dumps({"messages": [{"role": "user", "content": "x" * 400}]}).encode())
+    long = chat_info(json.dumps({"messages": [{"role": "user", "content": "x" * 4000}]}).encode())
+    assert router.choose(long, READY, local_only_header=False).kind == "meets"  # no prefill measured yet
+    router.local_ttft(short.prompt_tokens, 0.5, idle=True)  # ~105 tokens in 0.5 s
+    assert router.status()["measured"]["prefill_tokens_per_s"] == pytest.approx(210, rel=0.05)
+    assert router.choose(short, READY, local_only_header=False).kind == "meets"
+    route = router.choose(long, READY, local_only_header=False)
+    assert (route.label, route.kind) == ("upstream:lan", "ttft")
+    assert "predicted TTFT" in route.reason
+
+
+def test_every_chat_answer_says_where_it_ran_even_with_routing_off(tmp_path: Path) -> None:
+    engine = ScriptedEngine(tmp_path / "e-child.sock")
+    engine.parts = [SSE_HEAD, chunk(b'data: {"choices":[]}\n\n'), b"0\r\n\r\n"]
+    proxy = ProxyServer(tmp_path / "e.sock", engine.path, Gate(), hold_s=1.0, drain_s=1)
+    proxy.start()
+    try:
+        transport = httpx.HTTPTransport(uds=str(tmp_path / "e.sock"))
+        with httpx.Client(transport=transport, base_url="http://engine", timeout=10) as http:
+            r = http.post("/v1/chat/completions", json={"messages": [], "governor": {"local_only": True}})
+            assert r.headers["x-governor-route"] == "local"
+            assert "governor" not in r.text  # routing off: the engine's answer unchanged
+    finally:
+        proxy.close(5.0)
+        engine.close()
