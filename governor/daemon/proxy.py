@@ -66,6 +66,10 @@ class _TooLarge(Exception):
     pass
 
 
+class _QueueFull(Exception):
+    """The engine answered 429 queue_full to a request an upstream may take (nothing was sent to the client)."""
+
+
 class EngineGate(Protocol):
     """What the proxy needs from the supervisor (governor.daemon.supervisor.EngineSupervisor)."""
 
@@ -142,40 +146,57 @@ class ProxyApp:
         self, request: UpstreamRequest, info: ChatInfo, *, local_only: bool, path: str, send: Send, sent: asyncio.Event
     ) -> None:
         """A chat request with routing on: to the first healthy upstream when the device cannot meet the target
-        (or the engine cannot answer), else here; an upstream failing before its first token falls back here."""
+        (or the engine cannot answer, or answers that its queue is full), else here; an upstream failing before its
+        first token falls back here."""
         assert self.router is not None
         router = self.router
         route = router.choose(info, self.gate.availability(), local_only_header=local_only)
         router.routed(route, stream=info.stream)
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        link = route.upstream
-        if link is not None:
-            first: list[float] = []
-            fields = {"route": route.label, "why": route.reason}
-            try:
-                await routed.forward(
-                    link,
-                    path,
-                    info,
-                    local_tier=router.local_tier(),
-                    fields=fields,
-                    send=send,
-                    on_first_token=lambda: first.append(loop.time()),
-                    on_broken=lambda why: router.failed(link, phase="after_first_token", error=why),
-                )
-            except routed.UpstreamFailed as exc:
-                router.failed(link, phase="before_first_token", error=str(exc))
-                why = f"upstream {link.name} failed before the first token ({link.scrub(str(exc))[:200]})"
-                route = Route(None, "fallback", f"{why}; answered on the device")
+        began = asyncio.get_running_loop().time()
+        for _ in range(2):  # at most: local (queue full), then upstream (failing), then local once more
+            if route.upstream is not None:
+                fallback = await self._upstream(route, path, info, send, began)
+                if fallback is None:
+                    sent.set()
+                    return
+                route = fallback
                 router.routed(route, stream=info.stream)
-            else:
-                router.answered(route, ttft_s=first[0] - began if first else None, total_s=loop.time() - began)
-                sent.set()
-                return
-        marks = {"route": route.label, "why": route.reason}
-        await self._exchange(request, True, send, sent, marks=marks, info=info)
-        router.answered(route, ttft_s=None, total_s=loop.time() - began)
+            spill = route.kind == "meets" and router.first_healthy() is not None
+            marks = {"route": route.label, "why": route.reason}
+            try:
+                await self._exchange(request, True, send, sent, marks=marks, info=info, spill=spill)
+            except _QueueFull:
+                route = Route(router.first_healthy(), "queue_full", "the engine answered that its queue is full")
+                router.routed(route, stream=info.stream)
+                continue
+            router.answered(route, ttft_s=None, total_s=asyncio.get_running_loop().time() - began)
+            return
+
+    async def _upstream(self, route: Route, path: str, info: ChatInfo, send: Send, began: float) -> Route | None:
+        """Relay the request from `route`'s upstream; None once done, else the route back to the device (the
+        upstream failed before its first token: nothing was sent)."""
+        assert self.router is not None
+        assert route.upstream is not None
+        router, link = self.router, route.upstream
+        loop = asyncio.get_running_loop()
+        first: list[float] = []
+        try:
+            await routed.forward(
+                link,
+                path,
+                info,
+                local_tier=router.local_tier(),
+                fields={"route": route.label, "why": route.reason},
+                send=send,
+                on_first_token=lambda: first.append(loop.time()),
+                on_broken=lambda why: router.failed(link, phase="after_first_token", error=why),
+            )
+        except routed.UpstreamFailed as exc:
+            router.failed(link, phase="before_first_token", error=str(exc))
+            why = f"upstream {link.name} failed before the first token ({link.scrub(str(exc))[:200]})"
+            return Route(None, "fallback", f"{why}; answered on the device")
+        router.answered(route, ttft_s=first[0] - began if first else None, total_s=loop.time() - began)
+        return None
 
     async def _exchange(
         self,
@@ -186,7 +207,9 @@ class ProxyApp:
         *,
         marks: dict[str, Any] | None = None,
         info: ChatInfo | None = None,
+        spill: bool = False,
     ) -> None:
+        """`spill`: raise `_QueueFull` (nothing sent) when the engine answers 429 queue_full: an upstream takes it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.hold_s
         while True:
@@ -217,10 +240,10 @@ class ProxyApp:
             break
         whole = False
         try:
-            whole = await self._forward(upstream, send, start, chat=chat, marks=marks, info=info)
+            whole = await self._forward(upstream, send, start, chat=chat, marks=marks, info=info, spill=spill)
             sent.set()
-        except asyncio.CancelledError:
-            whole = True
+        except (asyncio.CancelledError, _QueueFull):
+            whole = True  # an answer (or the client left): the engine did nothing wrong
             raise
         finally:
             upstream.close()
@@ -236,6 +259,7 @@ class ProxyApp:
         chat: bool = False,
         marks: dict[str, Any] | None = None,
         info: ChatInfo | None = None,
+        spill: bool = False,
     ) -> bool:
         """Relay the engine's answer; True when it was relayed whole, False when the engine died under it. A chat
         answer gets the route header, and with routing on the `governor` field (`marks`)."""
@@ -259,6 +283,8 @@ class ProxyApp:
                 await send_error(send, 502, msg, "engine_died", self._retry_after(), chat=chat)
                 return False
             content = b"".join(parts)
+            if spill and status == 429 and b"queue_full" in content:
+                raise _QueueFull
             if marks is not None and status == 200:
                 content = routed.mark_json(content, marks)
             headers.append((b"content-length", str(len(content)).encode()))

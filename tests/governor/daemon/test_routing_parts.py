@@ -178,3 +178,41 @@ def test_every_chat_answer_says_where_it_ran_even_with_routing_off(tmp_path: Pat
     finally:
         proxy.close(5.0)
         engine.close()
+
+
+def test_an_engine_answering_queue_full_hands_the_request_to_the_upstream(tmp_path: Path) -> None:
+    full = b'{"error": {"message": "the engine\'s queue is full", "code": "queue_full"}}'
+    engine = ScriptedEngine(tmp_path / "e-child.sock")
+    engine.parts = [
+        b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n",
+        b"content-length: %d\r\n\r\n%s" % (len(full), full),
+    ]
+    answer = b'{"model": "big", "choices": [{"message": {"content": "Paris"}}]}'
+    upstream = ScriptedEngine(tmp_path / "up.sock")
+    upstream.parts = [
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(answer), answer)
+    ]
+    cfg = load_config(
+        config(tmp_path, f'[[upstream]]\nname = "lan"\nbase_url = "http://up/v1"\nsocket = "{upstream.path}"\n')
+    )
+    router = build_router(cfg.upstream, {}, policy=lambda: None, engine_status=lambda: None)
+    proxy = ProxyServer(tmp_path / "e.sock", engine.path, Gate(), hold_s=1.0, drain_s=1, router=router)
+    proxy.start()
+    try:
+        transport = httpx.HTTPTransport(uds=str(tmp_path / "e.sock"))
+        with httpx.Client(transport=transport, base_url="http://engine", timeout=10) as http:
+            r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 200
+            assert r.headers["x-governor-route"] == "upstream:lan"
+            assert r.json()["governor"] == {
+                "route": "upstream:lan",
+                "why": "the engine answered that its queue is full",
+            }
+            local = http.post("/v1/chat/completions", json={"messages": [], "governor": {"local_only": True}})
+            assert local.status_code == 429  # may not leave the device: the engine's answer as it is
+            assert local.headers["x-governor-route"] == "local"
+        assert [r["kind"] for r in router.recent(10)] == ["meets", "queue_full", "local_only"]
+    finally:
+        proxy.close(5.0)
+        engine.close()
+        upstream.close()
