@@ -6,7 +6,8 @@ The prediction (`predict`) combines what was measured with what the policy is do
   engine will run with over the threads it was measured at (linear: optimistic; the next local answer corrects it),
   then limited by the rate cap in force and, when the state's forecast says hot soon or the battery is about to
   cross low, by that state's profile;
-- time to first token: the estimated prompt tokens over the measured prefill speed, scaled the same way.
+- time to first token: the estimated prompt tokens over the measured prefill speed, scaled the same way;
+- a prompt longer than the context in force misses whatever the targets (the engine would drop earlier messages).
 
 Unknown (no answer measured yet) counts as meeting the target: the device is not sent away on a guess.
 `RouteGate` adds the hysteresis: off the device as soon as the prediction misses, back only once it beats the target
@@ -37,6 +38,7 @@ class Prediction:
     tokens_per_s: float | None  # predicted delivered decode rate; None: unknown
     ttft_s: float | None  # predicted time to first token for this prompt; None: unknown or no prompt
     reason: str  # why it misses (or "meets ...")
+    kind: str = "meets"  # what misses: "rate", "ttft" or "context" (a small set: a metrics label)
 
     def as_dict(self) -> dict[str, float | bool | str | None]:
         rate = None if self.tokens_per_s is None else round(self.tokens_per_s, 2)
@@ -100,10 +102,14 @@ def predict(
             rate, rate_why = cap, why
     prefill = _scaled(measured.prefill_tokens_per_s, measured.prefill_threads, threads)
     ttft = None if prompt_tokens is None or prefill is None else prompt_tokens / prefill
+    n_ctx = decision.engine.n_ctx
+    if prompt_tokens is not None and prompt_tokens >= n_ctx:
+        why = f"the prompt (~{prompt_tokens} tokens) does not fit the device's context (n_ctx {n_ctx})"
+        return Prediction(False, rate, ttft, why, "context")  # the engine would drop earlier messages
     if slo.min_tokens_per_s is not None and rate is not None:
         need = slo.min_tokens_per_s * (1 + margin)
         if rate < need:
-            return Prediction(False, rate, ttft, f"{rate_why} {_n(rate)} tok/s < target {_n(need)} tok/s")
+            return Prediction(False, rate, ttft, f"{rate_why} {_n(rate)} tok/s < target {_n(need)} tok/s", "rate")
     if slo.max_ttft_s is not None and ttft is not None:
         limit = slo.max_ttft_s * (1 - margin)
         if ttft > limit:
@@ -113,6 +119,7 @@ def predict(
                 ttft,
                 f"predicted TTFT {_n(ttft)} s ({prompt_tokens} prompt tokens at {_n(prefill or 0)} tok/s) "
                 f"> target {_n(limit)} s",
+                "ttft",
             )
     return Prediction(True, rate, ttft, "meets the targets" if rate is not None else "no local measurement yet")
 

@@ -216,7 +216,7 @@ class Router:
                 one = predict(policy, self.decision, self.measured, info.prompt_tokens) if policy else None
                 if one is None or one.meets:
                     return Route(None, "meets", f"the device meets the target ({self.gate.reason})")
-                kind, why = "ttft", f"the device cannot meet the target for this request: {one.reason}"
+                kind, why = one.kind, f"the device cannot take this request as it should: {one.reason}"
         upstream = self.first_healthy()
         if upstream is None:
             return Route(None, "no_upstream", f"{why}; no healthy upstream, so on the device")

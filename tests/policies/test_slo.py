@@ -65,7 +65,7 @@ def test_a_long_prompt_misses_the_ttft_target_and_unknown_speeds_count_as_meetin
     assert not long.meets
     assert long.ttft_s == pytest.approx(5.0)
     assert long.reason.startswith("predicted TTFT 5 s (1000 prompt tokens at 200 tok/s) > target 2 s")
-    assert predict(policy, decision(), Measured(), prompt_tokens=10**6).meets
+    assert predict(policy, decision(), Measured(), prompt_tokens=1000).meets
 
 
 def test_the_gate_leaves_at_once_and_comes_back_only_with_margin_for_back_after_s() -> None:
@@ -96,3 +96,12 @@ def test_the_gate_leaves_at_once_and_comes_back_only_with_margin_for_back_after_
 def test_targets_are_finite_and_bounded(bad: dict[str, float]) -> None:
     with pytest.raises(ValidationError):
         Slo.model_validate(bad)
+
+
+def test_a_prompt_longer_than_the_context_misses_whatever_the_targets() -> None:
+    policy = make_policy()  # no targets
+    assert predict(policy, decision(), FAST, prompt_tokens=1000).meets
+    long = predict(policy, decision(), FAST, prompt_tokens=1024)
+    assert not long.meets
+    assert long.kind == "context"
+    assert long.reason == "the prompt (~1024 tokens) does not fit the device's context (n_ctx 1024)"
