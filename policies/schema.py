@@ -229,12 +229,19 @@ class Contention(StrictModel):
         return self
 
 
-class Slo(StrictModel):
-    """Service-level targets for a chat request, and when the daemon may send one off the device to meet them
-    (only to an upstream the daemon's config names: no upstream, no routing). None: no target of that kind."""
+class SloTargets(StrictModel):
+    """One request class's targets; None: no target of that kind."""
 
     min_tokens_per_s: TokensPerS | None = None  # decode speed the user needs (e.g. reading speed, ~5-10 tok/s)
     max_ttft_s: float | None = Field(default=None, gt=0, le=600)  # time to the first token
+
+
+class Slo(SloTargets):
+    """Service-level targets for a chat request, and when the daemon may send one off the device to meet them
+    (only to an upstream the daemon's config names: no upstream, no routing). The top-level targets are for
+    interactive requests (the default); `[slo.background]` for requests that say they are background work."""
+
+    background: SloTargets = SloTargets()
     # Hysteresis on the way back: off the device until the prediction beats the target by this fraction ...
     back_margin: Fraction = 0.15
     back_after_s: Seconds = 10.0  # ... continuously for this long (ticks judge it, not only requests)

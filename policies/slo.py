@@ -78,10 +78,13 @@ def predict(
     prompt_tokens: int | None = None,
     *,
     margin: float = 0.0,
+    background: bool = False,
 ) -> Prediction:
     """Whether the device meets the policy's `[slo]` for a request of `prompt_tokens` (None: judge decode only),
-    with `margin` as a fraction the prediction must beat the targets by (the way back uses `back_margin`)."""
+    with `margin` as a fraction the prediction must beat the targets by (the way back uses `back_margin`);
+    `background`: against `[slo.background]`."""
     slo = policy.slo
+    targets = slo.background if background else slo
     if decision is None:
         return Prediction(True, None, None, "no decision yet")
     threads = decision.engine.threads
@@ -106,12 +109,12 @@ def predict(
     if prompt_tokens is not None and prompt_tokens >= n_ctx:
         why = f"the prompt (~{prompt_tokens} tokens) does not fit the device's context (n_ctx {n_ctx})"
         return Prediction(False, rate, ttft, why, "context")  # the engine would drop earlier messages
-    if slo.min_tokens_per_s is not None and rate is not None:
-        need = slo.min_tokens_per_s * (1 + margin)
+    if targets.min_tokens_per_s is not None and rate is not None:
+        need = targets.min_tokens_per_s * (1 + margin)
         if rate < need:
             return Prediction(False, rate, ttft, f"{rate_why} {_n(rate)} tok/s < target {_n(need)} tok/s", "rate")
-    if slo.max_ttft_s is not None and ttft is not None:
-        limit = slo.max_ttft_s * (1 - margin)
+    if targets.max_ttft_s is not None and ttft is not None:
+        limit = targets.max_ttft_s * (1 - margin)
         if ttft > limit:
             return Prediction(
                 False,

@@ -120,14 +120,13 @@ class ProxyApp:
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
         chat = scope["method"] == "POST" and scope["path"] in CHAT_PATHS
-        info = chat_info(body) if chat else None
         headers = forwarded(scope["headers"])
-        local_only = any(k == routed.LOCAL_ONLY_HEADER and v.strip() in (b"1", b"true") for k, v in headers)
-        headers = [(k, v) for k, v in headers if k != routed.LOCAL_ONLY_HEADER]
+        info = chat_info(body, headers) if chat else None
+        headers = [(k, v) for k, v in headers if k not in (routed.LOCAL_ONLY_HEADER, routed.CLASS_HEADER)]
         request = (scope["method"].encode(), target, headers, body if info is None else info.body)
         sent = asyncio.Event()  # the whole answer went to the client
         if info is not None and self.router is not None:
-            job = self._routed(request, info, local_only=local_only, path=scope["path"], send=send, sent=sent)
+            job = self._routed(request, info, path=scope["path"], send=send, sent=sent)
         else:
             job = self._exchange(request, chat, send, sent)
         work = asyncio.ensure_future(job)
@@ -143,14 +142,14 @@ class ProxyApp:
             gone.cancel()
 
     async def _routed(
-        self, request: UpstreamRequest, info: ChatInfo, *, local_only: bool, path: str, send: Send, sent: asyncio.Event
+        self, request: UpstreamRequest, info: ChatInfo, *, path: str, send: Send, sent: asyncio.Event
     ) -> None:
         """A chat request with routing on: to the first healthy upstream when the device cannot meet the target
         (or the engine cannot answer, or answers that its queue is full), else here; an upstream failing before its
         first token falls back here."""
         assert self.router is not None
         router = self.router
-        route = router.choose(info, self.gate.availability(), local_only_header=local_only)
+        route = router.choose(info, self.gate.availability())
         router.routed(route, stream=info.stream)
         began = asyncio.get_running_loop().time()
         for _ in range(2):  # at most: local (queue full), then upstream (failing), then local once more

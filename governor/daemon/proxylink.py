@@ -18,6 +18,7 @@ import uvicorn
 READ_CHUNK = 64 * 2**10
 ROUTE_HEADER = b"x-governor-route"  # every chat answer says where it ran: local or upstream:NAME
 LOCAL_ONLY_HEADER = b"x-governor-local-only"  # a request's opt-out of routing (docs/routing.md)
+CLASS_HEADER = b"x-governor-class"  # "background": judged against the policy's [slo.background]
 HOP_BY_HOP = frozenset(
     {
         b"connection",

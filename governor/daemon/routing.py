@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ import structlog
 
 from govbase.errors import GovernorError
 from governor.daemon.config import Upstream
+from governor.daemon.proxylink import CLASS_HEADER, LOCAL_ONLY_HEADER
 from governor.daemon.supervisor import Availability
 from policies.decision import Decision
 from policies.schema import Policy
@@ -114,17 +115,24 @@ class ChatInfo:
     model: str | None
     prompt_tokens: int
     data: dict[str, Any] | None  # the parsed body (None: not a JSON object; the engine answers that)
+    background: bool = False  # `"governor": {"class": "background"}`: judged against [slo.background]
 
 
-def chat_info(raw: bytes) -> ChatInfo:
+def chat_info(raw: bytes, headers: Sequence[tuple[bytes, bytes]] = ()) -> ChatInfo:
+    """The body's `governor` object (taken out) and the headers `x-governor-local-only: 1` and
+    `x-governor-class: background` say how the request may be routed."""
+    said = {k.lower(): v.strip() for k, v in headers if k.lower() in (LOCAL_ONLY_HEADER, CLASS_HEADER)}
+    local_only_header = said.get(LOCAL_ONLY_HEADER) in (b"1", b"true")
+    background_header = said.get(CLASS_HEADER) == b"background"
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError):
         data = None
     if not isinstance(data, dict):
-        return ChatInfo(raw, False, False, None, 0, None)
+        return ChatInfo(raw, local_only_header, False, None, 0, None, background_header)
     ours = data.pop("governor", None)
-    local_only = isinstance(ours, dict) and ours.get("local_only") is True
+    local_only = local_only_header or (isinstance(ours, dict) and ours.get("local_only") is True)
+    background = background_header or (isinstance(ours, dict) and ours.get("class") == "background")
     body = raw if ours is None else json.dumps(data).encode()
     chars = 0
     for message in data.get("messages") or []:
@@ -144,6 +152,7 @@ def chat_info(raw: bytes) -> ChatInfo:
         model if isinstance(model, str) else None,
         int(chars / CHARS_PER_TOKEN) + 1,
         data,
+        background,
     )
 
 
@@ -197,11 +206,13 @@ class Router:
         return self.measured.prefill_tokens_per_s, self.measured.prefill_threads
 
     # -- the proxy's thread --------------------------------------------------------------------------------------
-    def choose(self, info: ChatInfo, avail: Availability, *, local_only_header: bool) -> Route:
-        """Local, or the first healthy upstream, and why."""
+    def choose(self, info: ChatInfo, avail: Availability) -> Route:
+        """Local, or the first healthy upstream, and why. A background request is judged on its own, against
+        `[slo.background]` (the device-wide gate is about the interactive targets)."""
+        background = info.background
         if not self.enabled:
             return Route(None, "routing_off", "routing is off (no upstream configured)")
-        if info.local_only or local_only_header:
+        if info.local_only:
             return Route(None, "local_only", "the request asked to stay on the device (local_only)")
         with self._lock:
             status = self._engine_status() or {}
@@ -209,13 +220,16 @@ class Router:
                 kind, why = "engine_unavailable", avail.reason or "the engine is not ready"
             elif status.get("queue_max") is not None and status.get("queue_length", 0) >= status["queue_max"]:
                 kind, why = "queue_full", f"the engine's queue is full ({status['queue_length']} waiting)"
-            elif self.gate.off:
+            elif self.gate.off and not background:
                 kind, why = "slo", f"the device cannot meet the target: {self.gate.reason}"
             else:
                 policy = self._policy()
-                one = predict(policy, self.decision, self.measured, info.prompt_tokens) if policy else None
+                one = None
+                if policy is not None:
+                    one = predict(policy, self.decision, self.measured, info.prompt_tokens, background=background)
                 if one is None or one.meets:
-                    return Route(None, "meets", f"the device meets the target ({self.gate.reason})")
+                    said = "background targets" if background else self.gate.reason
+                    return Route(None, "meets", f"the device meets the target ({said})")
                 kind, why = one.kind, f"the device cannot take this request as it should: {one.reason}"
         upstream = self.first_healthy()
         if upstream is None:

@@ -21,14 +21,14 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from governor.daemon.proxylink import LOCAL_ONLY_HEADER, ROUTE_HEADER, Broken, EngineLink
+from governor.daemon.proxylink import CLASS_HEADER, LOCAL_ONLY_HEADER, ROUTE_HEADER, Broken, EngineLink
 from governor.daemon.routing import ChatInfo, UpstreamLink
 
 Message = MutableMapping[str, Any]
 Send = Callable[[Message], Awaitable[None]]
 
 Header = tuple[bytes, bytes]
-__all__ = ["LOCAL_ONLY_HEADER", "ROUTE_HEADER", "UpstreamFailed", "forward"]
+__all__ = ["CLASS_HEADER", "LOCAL_ONLY_HEADER", "ROUTE_HEADER", "UpstreamFailed", "forward"]
 PASSED_HEADERS = frozenset({b"content-type", b"x-request-id", b"openai-processing-ms", b"retry-after"})
 
 

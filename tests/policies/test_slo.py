@@ -105,3 +105,11 @@ def test_a_prompt_longer_than_the_context_misses_whatever_the_targets() -> None:
     assert not long.meets
     assert long.kind == "context"
     assert long.reason == "the prompt (~1024 tokens) does not fit the device's context (n_ctx 1024)"
+
+
+def test_background_requests_are_judged_by_their_own_targets() -> None:
+    policy = make_policy(slo={"min_tokens_per_s": 8.0, "background": {"min_tokens_per_s": 2.0}})
+    hot = decision(State.HOT, threads=2, cap=5.0)
+    assert not predict(policy, hot, FAST).meets
+    assert predict(policy, hot, FAST, background=True).meets
+    assert not predict(policy, decision(State.HOT, threads=2, cap=1.0), FAST, background=True).meets

@@ -92,9 +92,7 @@ def test_the_key_comes_from_a_file_or_the_environment_and_never_shows(tmp_path: 
 
 def test_routing_is_off_until_an_upstream_is_configured() -> None:
     router = build_router((), {}, policy=lambda: None, engine_status=lambda: None)
-    route = router.choose(
-        chat_info(b'{"messages": []}'), Availability(False, True, "given up", 5), local_only_header=False
-    )
+    route = router.choose(chat_info(b'{"messages": []}'), Availability(False, True, "given up", 5))
     assert (route.label, route.kind) == ("local", "routing_off")
 
 
@@ -106,15 +104,16 @@ def test_local_only_and_the_engine_down(tmp_path: Path) -> None:
     info = chat_info(body)
     assert info.local_only
     assert b"governor" not in info.body  # the engine (and an upstream) never see our field
-    assert router.choose(info, READY, local_only_header=False).kind == "local_only"
+    assert router.choose(info, READY).kind == "local_only"
     plain = chat_info(b'{"messages": [{"role": "user", "content": "hi"}]}')
-    assert router.choose(plain, READY, local_only_header=True).kind == "local_only"
-    down = router.choose(plain, Availability(False, False, "the engine is loading", 2), local_only_header=False)
+    header = chat_info(plain.body, [(b"X-Governor-Local-Only", b"1")])
+    assert router.choose(header, READY).kind == "local_only"
+    down = router.choose(plain, Availability(False, False, "the engine is loading", 2))
     assert (down.label, down.kind, down.reason) == ("upstream:lan", "engine_unavailable", "the engine is loading")
     status["queue_length"] = 2
-    assert router.choose(plain, READY, local_only_header=False).kind == "queue_full"
+    assert router.choose(plain, READY).kind == "queue_full"
     router.failed(router.upstreams[0], phase="before_first_token", error="refused")
-    fallback = router.choose(plain, READY, local_only_header=False)
+    fallback = router.choose(plain, READY)
     assert (fallback.label, fallback.kind) == ("local", "no_upstream")
 
 
@@ -155,11 +154,11 @@ def test_a_long_prompt_goes_upstream_once_the_devices_prefill_speed_is_measured(
     router.on_tick(0.0, None, None, Decision(t=0.0, state=State.IDLE, engine=engine, reason="", rule=""))  # type: ignore[arg-type]
     short = chat_info(json.dumps({"messages": [{"role": "user", "content": "x" * 400}]}).encode())
     long = chat_info(json.dumps({"messages": [{"role": "user", "content": "x" * 4000}]}).encode())
-    assert router.choose(long, READY, local_only_header=False).kind == "meets"  # no prefill measured yet
+    assert router.choose(long, READY).kind == "meets"  # no prefill measured yet
     router.local_ttft(short.prompt_tokens, 0.5, idle=True)  # ~105 tokens in 0.5 s
     assert router.status()["measured"]["prefill_tokens_per_s"] == pytest.approx(210, rel=0.05)
-    assert router.choose(short, READY, local_only_header=False).kind == "meets"
-    route = router.choose(long, READY, local_only_header=False)
+    assert router.choose(short, READY).kind == "meets"
+    route = router.choose(long, READY)
     assert (route.label, route.kind) == ("upstream:lan", "ttft")
     assert "predicted TTFT" in route.reason
 
@@ -216,3 +215,19 @@ def test_an_engine_answering_queue_full_hands_the_request_to_the_upstream(tmp_pa
         proxy.close(5.0)
         engine.close()
         upstream.close()
+
+
+def test_a_background_request_stays_on_a_device_that_misses_only_the_interactive_target(tmp_path: Path) -> None:
+    cfg = load_config(config(tmp_path, '[[upstream]]\nname = "lan"\nbase_url = "http://h/v1"\n'))
+    policy = make_policy(slo={"min_tokens_per_s": 8.0, "background": {"min_tokens_per_s": 2.0}})
+    router = build_router(cfg.upstream, {}, policy=lambda: policy, engine_status=lambda: {})
+    hot = EngineConfig(threads=2, n_ctx=1024, model="large", max_tokens_per_s=5.0)
+    router.on_tick(0.0, None, None, Decision(t=0.0, state=State.HOT, engine=hot, reason="", rule=""))  # type: ignore[arg-type]
+    body = b'{"messages": [{"role": "user", "content": "hi"}]}'
+    assert router.choose(chat_info(body), READY).kind == "slo"
+    background = chat_info(body, [(b"x-governor-class", b"background")])
+    assert background.background
+    assert router.choose(background, READY).kind == "meets"
+    in_body = chat_info(b'{"messages": [], "governor": {"class": "background"}}')
+    assert in_body.background
+    assert b"governor" not in in_body.body
