@@ -17,10 +17,11 @@ import statistics
 import time
 from pathlib import Path
 
-from governor.engine.config import Settings, single_model
+from governor.engine.config import single_model
 from governor.engine.demo import RANDOM_DIR, write_demo_models
 from governor.engine.model import LoadedModel
 from governor.engine.smollm2 import REAL_TIERS, write_real_models
+from policies.decision import EngineConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper and a storm."}]
@@ -29,7 +30,11 @@ PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse ke
 def decode(path: Path, extra_buffers: bool, tokens: int, threads: int) -> tuple[float, float, dict[str, float]]:
     """(decode tokens/s, CPU seconds per token, weight buffers) for one load of `path`."""
     spec = next(iter(single_model(path, 512).values()))
-    model = LoadedModel(spec, Settings(spec.name, 512, "f16", threads, None), extra_buffers=extra_buffers)
+    model = LoadedModel(
+        spec,
+        EngineConfig(model=spec.name, n_ctx=512, kv_type="f16", threads=threads, max_tokens_per_s=None),
+        extra_buffers=extra_buffers,
+    )
     try:
         prompt = model.encode(model.render(PROMPT), prompt=True)
         gen = model.generate(prompt, {"temp": 0.0}, 1)

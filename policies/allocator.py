@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from policies.decision import EngineConfig, State
+from policies.decision import State
 from policies.schema import Policy, Power
 from sensors.snapshot import Battery, EngineObservation
 
@@ -252,8 +252,8 @@ class PowerAllocator:
             threads=range(min(self.hot.min_threads or 1, full), full + 1),
             ratios=self.ratios or (1.0,),
             full_threads=full,
-            max_rate=self.hot.max_tokens_per_s,
-            min_rate=self.hot.min_tokens_per_s,
+            min_rate=self.hot.rate_range[0],
+            max_rate=self.hot.rate_range[1],
         )
         last, rate = self._rate, choice.rate
         speed = self.model.speed(choice.threads, choice.freq_ratio)
@@ -270,20 +270,23 @@ class PowerAllocator:
 
     def observe(
         self,
-        prev: EngineConfig,
+        threads: int,
+        rate_cap: float | None,
         freq_ratio: float | None,
         engine: EngineObservation | None,
+        *,
         battery: Battery | None,
         on_power: bool,
     ) -> None:
-        """Teach the model what the configuration in force did: tokens/s, and watts where a battery says."""
+        """Teach the model what the configuration in force (`threads`, `rate_cap`) did: tokens/s, and watts where
+        a battery says."""
         if engine is None or not engine.busy:
             return
         freq = self.freq or 1.0
         if freq_ratio is not None:
             freq = min(freq, freq_ratio)  # the kernel's own throttling counts too
         watts = battery.power_w if battery is not None and not on_power else None
-        self.model.observe(prev.threads, freq, engine.tokens_per_s, prev.max_tokens_per_s, watts)
+        self.model.observe(threads, freq, engine.tokens_per_s, rate_cap, watts)
 
     def freq_now(self, t: float, recover_step_s: float) -> float | None:
         """The clock cap: the allocator's in hot and critical; coming back it rises a tenth of the top clock per

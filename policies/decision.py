@@ -1,13 +1,20 @@
 """The output of the policy core, and the engine settings it asks for.
 
-`EngineConfig` is also the body of the engine's `POST /engine/config` (any subset of its fields) and what the
-daemon applies; `Decision` is a line of `governor replay --json` and of `governor why`.
+`EngineConfig` is the one shape of the engine's settings: what a decision asks for, what `governor engine` takes
+on its command line (`flags`), what its `POST /engine/config` takes (any subset of the fields, merged with `change`)
+and reports, what the daemon applies and shows, and what the lab's simulated engine runs. It is validated here, once.
+`Decision` is a line of `governor replay --json` and of `governor why`.
+
+Adding a knob: a field on `EngineConfig` with its `Knob` (docs/architecture.md, "Adding a knob").
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,20 +36,103 @@ KvType = Literal["f16", "q8_0", "q4_0"]
 # Every number that enters from outside is finite and bounded where it is parsed (a policy, a hold, the engine API).
 # A rate cap below 0.1 tok/s is a stalled engine (one token per 10 s), and 1e5 tok/s is beyond any CPU.
 RATE_MIN, RATE_MAX = 0.1, 100_000.0
-TokensPerS = Annotated[float, Field(ge=RATE_MIN, le=RATE_MAX, allow_inf_nan=False)]
-THREADS_MAX = 1024
+TokensPerS = Annotated[float, Field(ge=RATE_MIN, le=RATE_MAX)]
+THREADS_MAX = 256
 Threads = Annotated[int, Field(ge=1, le=THREADS_MAX)]
+Ctx = Annotated[int, Field(ge=64, le=1 << 20)]
+ModelName = Annotated[str, Field(min_length=1, max_length=200)]
 KV_BYTES_PER_ELEMENT: dict[str, float] = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 
 
-class EngineConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+@dataclass(frozen=True)
+class Knob:
+    """How one engine setting is named, shown and applied (metadata on an `EngineConfig` field)."""
 
-    threads: int = Field(ge=1, le=256)
-    n_ctx: int = Field(ge=64, le=1 << 20)
-    kv_type: KvType = "f16"
-    model: str  # a tier name in the model ladder
-    max_tokens_per_s: TokensPerS | None = None
+    label: str  # in a reason: "threads 4→2", "KV f16→q8_0"
+    help: str  # the `governor engine` flag's help
+    live: bool = False  # applied between two tokens; else a reload (a new context) applies it
+    flag: str | None = None  # the `governor engine` flag; None: --the-field-name; "": none
+    unit: str = ""  # after a value: "rate cap 5 tok/s"
+    off: str = ""  # what None means: "no rate cap" (and "rate cap lifted" when it becomes None)
+
+    def show(self, value: object) -> str:
+        return self.off if value is None else f"{self.label} {readable(value)}{self.unit}"
+
+    def change(self, before: object, after: object) -> str:
+        """A cap that can be off reads as its new state; a setting always present reads as before→after."""
+        if after is None:
+            return f"{self.label} lifted"
+        if self.off:
+            return self.show(after)
+        return f"{self.label} {readable(before)}→{readable(after)}{self.unit}"
+
+
+def readable(x: object) -> str:
+    """A value for a sentence; never raises (an explanation must not kill a tick)."""
+    if isinstance(x, float):
+        if not math.isfinite(x):
+            return str(x)
+        return f"{x:g}" if x == int(x) else f"{x:.1f}"
+    return str(x)
+
+
+class EngineConfig(BaseModel):
+    """The engine's settings (see the module's docstring). Field order is the order they are shown in."""
+
+    # strict: `threads = "4"` is a mistake to report, not a string to convert (command-line text: change(strict=False)).
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    threads: Annotated[Threads, Knob("threads", "compute threads (default: the CPUs this process may use)", live=True)]
+    n_ctx: Annotated[Ctx, Knob("n_ctx", "context size in tokens (default: the tier's n_ctx, or 2048)", flag="--ctx")]
+    kv_type: Annotated[KvType, Knob("KV", "KV-cache type (default: the tier's kv_type, or f16)", flag="--kv")] = "f16"
+    model: Annotated[ModelName, Knob("model", "a tier name in the model ladder", flag="")]
+    max_tokens_per_s: Annotated[
+        TokensPerS | None,
+        Knob("rate cap", "cap on the decode rate (default: none)", live=True, unit=" tok/s", off="no rate cap"),
+    ] = None
+
+    def change(self, update: Mapping[str, Any], *, strict: bool = True) -> EngineConfig:
+        """These settings with `update`'s fields replaced, validated as a whole (ValidationError names the field).
+
+        A partial change is a mapping of some fields: absent keeps a value, `None` removes a cap.
+        """
+        return type(self).model_validate({**self.model_dump(), **update}, strict=strict)
+
+    def needs_reload(self, other: EngineConfig) -> bool:
+        """Going from these settings to `other` needs a new context (a reload), not just a change between tokens."""
+        return any(getattr(self, name) != getattr(other, name) for name, knob in KNOBS.items() if not knob.live)
+
+    def describe(self, prev: EngineConfig | None = None, *, live_only: bool = False) -> str:
+        """ "threads 4, n_ctx 2048, KV f16, model m, no rate cap"; with `prev` only what changed ("threads 4→2")."""
+        parts = []
+        for name, knob in KNOBS.items():
+            value = getattr(self, name)
+            if prev is None:
+                if knob.live or not live_only:
+                    parts.append(knob.show(value))
+            elif getattr(prev, name) != value:
+                parts.append(knob.change(getattr(prev, name), value))
+        return ", ".join(parts)
+
+    def flags(self) -> list[str]:
+        """The `governor engine` command-line flags that start an engine with these settings."""
+        argv = []
+        for name in KNOBS:
+            value = getattr(self, name)
+            if flag_of(name) and value is not None:
+                argv += [flag_of(name), str(value)]
+        return argv
+
+
+def flag_of(name: str) -> str:
+    """A setting's `governor engine` flag ("" for none: the model is --tier / --model)."""
+    knob = KNOBS[name]
+    return knob.flag if knob.flag is not None else "--" + name.replace("_", "-")
+
+
+KNOBS: dict[str, Knob] = {
+    name: next(m for m in info.metadata if isinstance(m, Knob)) for name, info in EngineConfig.model_fields.items()
+}
 
 
 class Decision(BaseModel):
@@ -60,17 +150,25 @@ class Decision(BaseModel):
     engine_wait: str | None = None
 
 
-class Hold(BaseModel):
+class HoldAsk(BaseModel):
+    """What a client's hold asks for: a state's profile and/or caps on some settings (`governor hold`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    state: State | None = Field(default=None, strict=False)  # e.g. "idle" for "performance for this chat"
+    max_threads: Threads | None = None
+    max_tokens_per_s: TokensPerS | None = None
+
+    def asks(self) -> dict[str, object]:
+        return {k: v for k, v in self.model_dump(include=set(HoldAsk.model_fields)).items() if v is not None}
+
+
+class Hold(HoldAsk):
     """A client's request (power-profiles-daemon's HoldProfile): pin a state's profile and/or cap some limits.
 
     `hot` and `critical` override any hold that asks for more than they allow. The daemon drops a hold when
     its client disconnects or at `expires_t`; the policy core only sees the holds in force at a tick.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
     owner: str = Field(max_length=200)
-    state: State | None = None  # e.g. "idle" for "performance for this chat"
-    max_threads: Threads | None = None
-    max_tokens_per_s: TokensPerS | None = None
     expires_t: float | None = None

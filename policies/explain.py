@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from policies.allocator import Choice
 from policies.contention import ThreadsNote
 from policies.decision import PRIORITY, EngineConfig, State
+from policies.decision import readable as _n
 from policies.memfit import MIB, Fit
 from policies.readings import Sense
 from policies.schema import Policy
@@ -39,13 +39,6 @@ class Tick:
     choice: Choice | None = None  # the power allocator's pick in hot / critical
     contention: ThreadsNote | None = None  # contention lowered the threads this tick
     load: Mapping[str, float | None] | None = None  # its readings
-
-
-def _n(x: float) -> str:
-    """A number for a sentence; never raises (inputs are bounded where parsed; an explanation must not kill a tick)."""
-    if not math.isfinite(x):
-        return str(x)
-    return f"{x:g}" if x == int(x) else f"{x:.1f}"
 
 
 def _why_on(k: Tick, state: State) -> tuple[str, str]:
@@ -110,23 +103,10 @@ def _why_off(k: Tick, state: State) -> tuple[str, str]:
 
 
 def _changes(prev: EngineConfig | None, cfg: EngineConfig, always: bool) -> str:
-    rate = "no rate cap" if cfg.max_tokens_per_s is None else f"rate cap {_n(cfg.max_tokens_per_s)} tok/s"
-    if prev is None:
-        return f"threads {cfg.threads}, n_ctx {cfg.n_ctx}, KV {cfg.kv_type}, model {cfg.model}, {rate}"
-    parts = []
-    if cfg.threads != prev.threads:
-        parts.append(f"threads {prev.threads}→{cfg.threads}")
-    if cfg.n_ctx != prev.n_ctx:
-        parts.append(f"n_ctx {prev.n_ctx}→{cfg.n_ctx}")
-    if cfg.kv_type != prev.kv_type:
-        parts.append(f"KV {prev.kv_type}→{cfg.kv_type}")
-    if cfg.model != prev.model:
-        parts.append(f"model {prev.model}→{cfg.model}")
-    if cfg.max_tokens_per_s != prev.max_tokens_per_s:
-        parts.append("rate cap lifted" if cfg.max_tokens_per_s is None else rate)
-    if not parts and always:
-        parts = [f"threads {cfg.threads}", rate]
-    return ", ".join(parts)
+    changes = cfg.describe(prev)
+    if not changes and always:
+        return cfg.describe(live_only=True)
+    return changes
 
 
 def _pick(c: Choice) -> str:

@@ -137,7 +137,8 @@ class StateMachine:
         label = self.state if (pin is None or self.state in MITIGATING) else pin
         prev = self.last.engine if self.last is not None else None
         if prev is not None and not self._fit_threads.contended:  # the device model is of the device alone
-            self.power.observe(prev, snapshot.cpu.freq_ratio, engine, sense.battery, sense.on_power)
+            rate_cap, freq = prev.max_tokens_per_s, snapshot.cpu.freq_ratio
+            self.power.observe(prev.threads, rate_cap, freq, engine, battery=sense.battery, on_power=sense.on_power)
         self.power.choice, self._cpus = None, snapshot.cpu.count
         self._fit_threads.update(snapshot.cpu, engine, prev is not None and prev.max_tokens_per_s is not None, t)
         active = self._in_force(pin, sense, prev, t)
@@ -351,8 +352,9 @@ class StateMachine:
         """The hot profile with threads and rate cap placed at u in [0, 1] between its bounds (monotone in u)."""
         hot = self.policy.states[State.HOT]
         low = hot.min_threads or 1
-        top_rate = hot.max_tokens_per_s or 1.0  # validated present
-        low_rate = hot.min_tokens_per_s or top_rate
+        low_rate, top_rate = hot.rate_range
+        top_rate = top_rate or 1.0  # validated present
+        low_rate = low_rate or top_rate
         return self._limits[State.HOT]._replace(
             threads=low + math.floor(u * (hot.threads - low) + 0.5),
             rate=round(low_rate + u * (top_rate - low_rate), 1),

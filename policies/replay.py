@@ -10,7 +10,7 @@ from typing import Any, TextIO
 from pydantic import ValidationError
 
 from govbase.errors import GovernorError
-from policies.decision import Decision
+from policies.decision import Decision, readable
 from policies.machine import StateMachine
 from sensors.snapshot import TraceRecord
 
@@ -49,17 +49,10 @@ def replay(trace_lines: Iterable[TraceRecord], governor: StateMachine) -> Iterat
 
 def decision_json(decision: Decision) -> dict[str, Any]:
     """The `governor replay --json` line: t, state, engine, reason, plus rule and changed."""
-    e = decision.engine
     return {
         "t": decision.t,
         "state": decision.state.value,
-        "engine": {
-            "threads": e.threads,
-            "n_ctx": e.n_ctx,
-            "kv_type": e.kv_type,
-            "model": e.model,
-            "max_tokens_per_s": e.max_tokens_per_s,
-        },
+        "engine": decision.engine.model_dump(),
         "reason": decision.reason,
         "rule": decision.rule,
         "changed": decision.changed,
@@ -67,12 +60,8 @@ def decision_json(decision: Decision) -> dict[str, Any]:
 
 
 def decision_text(decision: Decision) -> str:
-    e = decision.engine
-    cap = "-" if e.max_tokens_per_s is None else f"{e.max_tokens_per_s:g}"
-    return (
-        f"{decision.t:9.2f}  {decision.state.value:<11} threads={e.threads} n_ctx={e.n_ctx} kv={e.kv_type} "
-        f"model={e.model} cap={cap}  {decision.rule}: {decision.reason}"
-    )
+    engine = " ".join(f"{k}={'-' if v is None else readable(v)}" for k, v in decision.engine.model_dump().items())
+    return f"{decision.t:9.2f}  {decision.state.value:<11} {engine}  {decision.rule}: {decision.reason}"
 
 
 def dumps(decision: Decision) -> str:

@@ -9,7 +9,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 
-from policies.decision import THREADS_MAX, KvType, State, TokensPerS
+from policies.decision import Ctx, KvType, ModelName, State, Threads, TokensPerS
 
 KV_ORDER: tuple[KvType, ...] = ("f16", "q8_0", "q4_0")  # most precise first; later = smaller KV cache
 MODEL_LARGEST = "largest"  # model selectors resolved against the ladder
@@ -50,11 +50,11 @@ class StrictModel(BaseModel):
 class Profile(StrictModel):
     """What a state asks of the engine. `min_*` are the PI controller's lower bounds (used by the hot state)."""
 
-    threads: int = Field(ge=1, le=min(256, THREADS_MAX))
-    min_threads: int | None = Field(default=None, ge=1, le=256)
-    n_ctx: int = Field(ge=64, le=1 << 20)
+    threads: Threads
+    min_threads: Threads | None = None
+    n_ctx: Ctx
     kv_type: KvType = "f16"
-    model: str = Field(default=MODEL_LARGEST, min_length=1, max_length=200)  # a ladder tier, "largest", "smallest"
+    model: ModelName = MODEL_LARGEST  # a ladder tier, "largest", "smallest"
     max_tokens_per_s: TokensPerS | None = None
     min_tokens_per_s: TokensPerS | None = None
 
@@ -67,6 +67,11 @@ class Profile(StrictModel):
         ):
             raise ValueError("min_tokens_per_s needs a max_tokens_per_s at least as large")
         return self
+
+    @property
+    def rate_range(self) -> tuple[float | None, float | None]:
+        """(min_tokens_per_s, max_tokens_per_s): the PI controller's bounds on the rate cap."""
+        return self.min_tokens_per_s, self.max_tokens_per_s
 
 
 class Timing(StrictModel):

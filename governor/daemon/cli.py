@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from policies.decision import State
+from policies.decision import HoldAsk, State
 
 if TYPE_CHECKING:
     from governor.daemon.client import ControlClient
@@ -117,19 +117,27 @@ def _why(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hold_flags() -> list[str]:
+    return ["--" + name.replace("_", "-") for name in HoldAsk.model_fields if name != "state"]
+
+
 def _hold(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from govbase.errors import GovernorError
 
-    if args.state is None and args.max_threads is None and args.max_tokens_per_s is None:
-        raise GovernorError("hold what? give a STATE, --max-threads N or --max-tokens-per-s X")
+    given = {k: v for k in HoldAsk.model_fields if (v := getattr(args, k)) is not None}
+    if not given:
+        raise GovernorError(f"hold what? give a STATE or {' or '.join(_hold_flags())}")
+    try:
+        ask = HoldAsk.model_validate(given)  # command-line text: "2" is 2 here
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        field = str(err["loc"][0])
+        raise GovernorError(f"bad hold: {field} {given[field]}: {err['msg']}") from exc
     client = _client(args)
-    fields = {
-        "state": args.state,
-        "max_threads": args.max_threads,
-        "max_tokens_per_s": args.max_tokens_per_s,
-        "ttl_s": args.ttl,
-    }
-    with client.hold(**{k: v for k, v in fields.items() if v is not None}) as (answer, events):
+    fields = ask.asks() | ({} if args.ttl is None else {"ttl_s": args.ttl})
+    with client.hold(**fields) as (answer, events):
         until = f"for {args.ttl:g} s" if args.ttl else "until Ctrl-C"
         print(f"hold {answer['hold']} in force {until} (hot and critical still override it)", flush=True)
         try:
@@ -233,8 +241,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=_why)
     p = client("hold", "hold a state or limits until Ctrl-C or --ttl; hot and critical still override it")
     p.add_argument("state", nargs="?", choices=[s.value for s in State], help="the state whose profile to hold")
-    p.add_argument("--max-threads", type=int, help="cap the engine's threads")
-    p.add_argument("--max-tokens-per-s", type=float, help="cap the token rate")
+    for flag in _hold_flags():  # --max-threads, --max-tokens-per-s, ...: a cap on that setting of the engine
+        p.add_argument(flag, metavar="VALUE", help=f"cap the engine's {flag.removeprefix('--max-').replace('-', '_')}")
     p.add_argument("--ttl", type=float, help="release after this many seconds")
     p.set_defaults(func=_hold)
     p = client("reload", "reload the policy (like SIGHUP); a bad policy is reported and the last good one kept")

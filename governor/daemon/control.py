@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from govbase.errors import GovernorError
 from governor.unixsock import check_private_dir, clear_stale_socket
-from policies.decision import Hold, State, Threads, TokensPerS
+from policies.decision import Hold, HoldAsk, State
 from sensors.snapshot import TraceRecord
 
 POLL_S = 0.25  # how often a held connection checks its TTL and the server's shutdown
@@ -54,11 +54,9 @@ class _Why(_Request):
     n: int = Field(default=10, ge=1, le=1000)
 
 
-class _Hold(_Request):
+class _Hold(HoldAsk):
+    model_config = _Request.model_config
     cmd: Literal["hold"]
-    state: State | None = Field(default=None, strict=False)
-    max_threads: Threads | None = None
-    max_tokens_per_s: TokensPerS | None = None
     ttl_s: float | None = Field(default=None, gt=0, le=DAY_S)
 
 
@@ -178,15 +176,14 @@ class _Handler(socketserver.StreamRequestHandler):
 
     def _hold(self, req: _Hold) -> None:
         api = self.server.api
-        if req.state is None and req.max_threads is None and req.max_tokens_per_s is None:
-            self._send({"ok": False, "error": "bad request: a hold needs a state, max_threads or max_tokens_per_s"})
+        if not req.asks():
+            *some, last = HoldAsk.model_fields
+            self._send({"ok": False, "error": f"bad request: a hold needs a {', '.join(some)} or {last}"})
             return
         hold = Hold(
             owner=_peer(self.request),
-            state=req.state,
-            max_threads=req.max_threads,
-            max_tokens_per_s=req.max_tokens_per_s,
             expires_t=api.now() + req.ttl_s if req.ttl_s is not None else None,
+            **req.asks(),
         )
         cookie = api.add_hold(hold)
         why = "disconnected"

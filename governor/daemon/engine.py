@@ -39,7 +39,7 @@ def engine_command(
     keep_alive_s: float = 300.0,
     extra_buffers: str | None = None,
 ) -> list[str]:
-    """The child's argv: the engine process of the engine issue, with this decision's settings, serving on the
+    """The child's argv: the engine process of the engine issue, with all of this decision's settings, serving on the
     daemon's private socket (0600: only the daemon's proxy and client talk to it). On SIGTERM it stops accepting
     and lets the running answer finish for `drain_s`, then stops it at a token boundary. It unloads its model after
     `keep_alive_s` without requests (the policy's `engine.keep_alive_s`; 0 = never). `extra_buffers` ("off" after a
@@ -54,14 +54,9 @@ def engine_command(
         str(ladder),
         "--tier",
         config.model,
+        *config.flags(),
         "--socket",
         str(socket_path),
-        "--threads",
-        str(config.threads),
-        "--ctx",
-        str(config.n_ctx),
-        "--kv",
-        config.kv_type,
         "--drain-s",
         f"{drain_s:g}",
         "--keep-alive",

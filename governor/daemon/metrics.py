@@ -9,13 +9,20 @@ import math
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal, get_origin
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, write_to_textfile
 
-from policies.decision import Decision, State
+from policies.decision import KNOBS, Decision, EngineConfig, State
 from sensors.snapshot import EngineObservation, Snapshot
 
 TEXTFILE_EVERY_S = 5.0  # node_exporter reads the file at scrape time; rewriting it each tick buys nothing
+
+
+_TEXT_SETTINGS = {  # name -> whether the setting is text (a label) rather than a number
+    name: info.annotation is str or get_origin(info.annotation) is Literal
+    for name, info in EngineConfig.model_fields.items()
+}
 
 
 def _nan(value: float | None) -> float:
@@ -27,10 +34,16 @@ class DaemonMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.state = Gauge("governor_state", "1 for the current state", ["state"], registry=r)
-        self.threads = Gauge("governor_engine_threads", "Threads the engine is asked to use", registry=r)
-        self.n_ctx = Gauge("governor_engine_n_ctx", "Context length the engine is asked to use", registry=r)
-        self.rate_cap = Gauge("governor_engine_max_tokens_per_s", "Token-rate cap (NaN: none)", registry=r)
-        self.model = Gauge("governor_engine_model", "1 for the model tier in use", ["model"], registry=r)
+        # One gauge per engine setting the decision asks for: a number (NaN: none), or 1 for the value in force.
+        self.settings = {
+            name: Gauge(
+                f"governor_engine_{name}",
+                f"The engine setting {name}: {KNOBS[name].help}" + (" (1 for the value in force)" if text else ""),
+                [name] if text else [],
+                registry=r,
+            )
+            for name, text in _TEXT_SETTINGS.items()
+        }
         self.tokens = Gauge("governor_engine_tokens_per_second", "Engine's recent decode rate", registry=r)
         self.rss = Gauge("governor_engine_rss_bytes", "Engine process resident memory", registry=r)
         self.busy = Gauge("governor_engine_busy", "1 while the engine is generating", registry=r)
@@ -91,12 +104,13 @@ class DaemonMetrics:
         snapshot, observed, decision = self._last
         for state in State:
             self.state.labels(state.value).set(1.0 if state == decision.state else 0.0)
-        cfg = decision.engine
-        self.threads.set(cfg.threads)
-        self.n_ctx.set(cfg.n_ctx)
-        self.rate_cap.set(_nan(cfg.max_tokens_per_s))
-        self.model.clear()
-        self.model.labels(cfg.model).set(1)
+        for name, value in decision.engine.model_dump().items():
+            gauge = self.settings[name]
+            if _TEXT_SETTINGS[name]:
+                gauge.clear()
+                gauge.labels(value).set(1)
+            else:
+                gauge.set(_nan(value))
         self.tokens.set(_nan(observed.tokens_per_s if observed else None))
         self.rss.set(_nan(observed.rss_bytes if observed else None))
         self.busy.set(_nan(float(observed.busy) if observed else None))

@@ -5,9 +5,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from policies.decision import EngineConfig, HoldAsk
 
 # C0 and C1 control characters and DEL: a terminal would act on them (escape sequences, title changes, clearing).
 _CONTROL = dict.fromkeys([*range(32), 127, *range(128, 160)])
@@ -29,6 +32,14 @@ def _ago(wall: float | None, now: float) -> str:
     if seconds < 7200:
         return f"{when} ({seconds / 60:.0f} min ago)"
     return f"{when} ({seconds / 3600:.1f} h ago)"
+
+
+def _settings(cfg: dict[str, Any]) -> str:
+    """Engine settings from the daemon, as a reason shows them ("threads 2, n_ctx 512, KV f16, model m, ...")."""
+    try:
+        return safe(EngineConfig.model_validate(cfg).describe())
+    except ValidationError:  # not the settings this client knows: show them as they came
+        return safe(cfg)
 
 
 def _activity(eng: dict[str, Any]) -> str:
@@ -94,13 +105,7 @@ def status_table(status: dict[str, Any], console: Console, now: float | None = N
     )
     cfg = status.get("config") or {}
     if cfg:
-        cap = cfg.get("max_tokens_per_s")
-        threads = f"{cfg['threads']} thread{'' if cfg['threads'] == 1 else 's'}"
-        head.add_row(
-            "engine config",
-            f"model {safe(cfg['model'])}, {threads}, n_ctx {cfg['n_ctx']}, KV {safe(cfg['kv_type'])}, "
-            f"rate cap {'none' if cap is None else f'{cap:g} tok/s'}",
-        )
+        head.add_row("engine config", _settings(cfg))
     _clock_row(head, (status.get("actuators") or {}).get("cpufreq"))
     eng = status.get("engine")
     sup = status.get("supervisor") or {}
@@ -124,9 +129,7 @@ def status_table(status: dict[str, Any], console: Console, now: float | None = N
         head.add_row("supervisor", said)
     _routing_rows(head, status.get("routing"))
     for hold in status.get("holds") or []:
-        asks = ", ".join(
-            f"{k} {hold[k]}" for k in ("state", "max_threads", "max_tokens_per_s") if hold.get(k) is not None
-        )
+        asks = ", ".join(f"{k} {hold[k]}" for k in HoldAsk.model_fields if hold.get(k) is not None)
         ttl = hold.get("expires_in_s")
         left = "" if ttl is None else f", {ttl:g} s left"
         head.add_row(f"hold {hold['id']}", safe(f"{asks} by {hold['owner']}{left}"))
@@ -160,13 +163,8 @@ def why_table(decisions: list[dict[str, Any]], console: Console) -> None:
     for col in ("at", "state", "engine", "why"):
         table.add_column(col, overflow="fold")
     for d in decisions:
-        e = d["engine"]
-        cap = e.get("max_tokens_per_s")
-        engine = f"{e['model']} {e['threads']}t ctx {e['n_ctx']} {e['kv_type']}" + (
-            "" if cap is None else f" ≤{cap:g}/s"
-        )
         at = time.strftime("%H:%M:%S", time.localtime(d["wall"]))
-        table.add_row(at, safe(d["state"]), safe(engine), safe(d["reason"]))
+        table.add_row(at, safe(d["state"]), _settings(d["engine"]), safe(d["reason"]))
     console.print(table)
 
 

@@ -318,7 +318,7 @@ class EngineSupervisor:
                 desired = self.desired
                 if desired is not None:
                     try:
-                        self._configure(self.capped(desired))  # e.g. the rate cap, which is not a command-line flag
+                        self._configure(self.capped(desired))  # what the loop decided while the engine was loading
                     except (GovernorError, OSError) as exc:
                         self._log.warning("engine did not take the config", error=str(exc))
                 self._log.info("engine ready", pid=proc.pid)

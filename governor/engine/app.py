@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 import psutil
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -22,13 +22,14 @@ from starlette.routing import Route
 
 from governor.engine import fault, refusals
 from governor.engine.chat import ChatRequest, CompletionRequest
-from governor.engine.config import Applied, ConfigChange, ConfigRefused, Settings, resolve
+from governor.engine.config import Applied, ConfigRefused, resolve
 from governor.engine.feed import StatusFeed
 from governor.engine.grammar import Constraint, SchemaRefused, constraint, pointer_to_param
 from governor.engine.jobs import ConfigJob, Job
 from governor.engine.replies import CompletionReply, Reply, ToolReply
 from governor.engine.stream import Event, Events, EventStream, sse, watch_disconnect
 from governor.engine.worker import Worker
+from policies.decision import EngineConfig
 
 
 def error(
@@ -48,6 +49,7 @@ def error(
 
 MAX_CHAT_BODY = 8 << 20  # bytes; the largest context (1M tokens) is about 4 MB of text
 MAX_CONFIG_BODY = 64 << 10
+_OBJECT: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
 
 
 class BodyTooLarge(Exception):
@@ -130,7 +132,7 @@ class EngineApp:
     def status_body(self) -> dict[str, Any]:
         w = self.worker
         return {
-            **w.settings.as_dict(),
+            **w.settings.model_dump(),
             "model_path": str(w.models[w.settings.model].path),
             "loaded": w.slot.loaded,
             "loading": None if w.slot.progress is None else w.slot.progress.as_dict(),
@@ -173,7 +175,10 @@ class EngineApp:
 
     async def config(self, request: Request) -> Response:
         try:
-            change = ConfigChange.model_validate_json(await read_body(request, MAX_CONFIG_BODY))
+            # Any subset of the settings, validated by the one settings model (merged into the current ones).
+            body = _OBJECT.validate_json(await read_body(request, MAX_CONFIG_BODY))
+            asked = self.worker.settings.change(body)
+            change = {name: getattr(asked, name) for name in body}
             # Refuse now, before touching the model; in a thread: the first check of a quantized KV type for a
             # model file not loaded yet reads its header (up to a second).
             await asyncio.to_thread(resolve, self.worker.settings, change, self.worker.models)
@@ -184,9 +189,9 @@ class EngineApp:
         except ConfigRefused as exc:
             return error(exc.status, exc.message, param=exc.param, code=exc.code)
         loop = asyncio.get_running_loop()
-        result: asyncio.Future[tuple[Settings, Applied, float]] = loop.create_future()
+        result: asyncio.Future[tuple[EngineConfig, Applied, float]] = loop.create_future()
 
-        def done(settings: Settings, applied: Applied, seconds: float) -> None:
+        def done(settings: EngineConfig, applied: Applied, seconds: float) -> None:
             loop.call_soon_threadsafe(_settle, result, (settings, applied, seconds), None)
 
         def fail(exc: Exception) -> None:
@@ -198,7 +203,7 @@ class EngineApp:
             settings, applied, seconds = await result
         except ConfigRefused as exc:
             return error(exc.status, exc.message, param=exc.param, code=exc.code)
-        body = {"config": settings.as_dict(), "applied": applied, "seconds": round(seconds, 4)}
+        body = {"config": settings.model_dump(), "applied": applied, "seconds": round(seconds, 4)}
         return JSONResponse(body | {"tokens_waited": job.tokens_waited})
 
     async def chat(self, request: Request) -> Response:

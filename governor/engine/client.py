@@ -57,16 +57,11 @@ class _Response(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow")
 
 
-class EngineSettings(_Response):
-    model: str
-    n_ctx: int
-    kv_type: str
-    threads: int
-    max_tokens_per_s: float | None = None
+class EngineStatus(EngineConfig):
+    """`GET /engine/status`: the settings in force, and what the engine is doing."""
 
-
-class EngineStatus(EngineSettings):
-    """`GET /engine/status`."""
+    # The engine may add fields; the client keeps them (`model_extra`) rather than refusing a newer engine.
+    model_config = ConfigDict(extra="allow")
 
     busy: bool
     tokens_per_s: float | None = None
@@ -89,7 +84,7 @@ class EngineStatus(EngineSettings):
 class ConfigResult(_Response):
     """`POST /engine/config`: the settings now in force, how they were applied and how long it took."""
 
-    config: EngineSettings
+    config: EngineConfig
     applied: str  # "live" or "reload"
     seconds: float
 
@@ -151,7 +146,7 @@ class EngineClient:
         return self._parse(EngineStatus, self._request("GET", "/engine/status"))
 
     def configure(self, **fields: int | float | str | None) -> ConfigResult:
-        """Change any subset of threads, n_ctx, kv_type, model, max_tokens_per_s (None removes the rate cap).
+        """Change any subset of the settings (`policies.decision.EngineConfig`'s fields; None removes a cap).
 
         Blocks until the engine has applied it, live or by a reload at the next token boundary.
         """

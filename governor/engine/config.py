@@ -10,13 +10,11 @@ import contextlib
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from policies.decision import KvType, TokensPerS
+from policies.decision import EngineConfig, KvType
 from policies.ladder import ModelLadder
 
 # GGML type ids as llama.cpp's `type_k` / `type_v` take them.
@@ -45,46 +43,8 @@ class ModelSpec:
     path: Path
     max_ctx: int | None  # the tier's largest context; None when not limited by a ladder
     default_ctx: int
-    default_kv: str
+    default_kv: KvType
     flash_attn: bool
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The settings in force; `POST /engine/config` changes a subset of them."""
-
-    model: str
-    n_ctx: int
-    kv_type: str
-    threads: int
-    max_tokens_per_s: float | None
-
-    def needs_reload(self, other: Settings) -> bool:
-        return (self.model, self.n_ctx, self.kv_type) != (other.model, other.n_ctx, other.kv_type)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "n_ctx": self.n_ctx,
-            "kv_type": self.kv_type,
-            "threads": self.threads,
-            "max_tokens_per_s": self.max_tokens_per_s,
-        }
-
-
-class ConfigChange(BaseModel):
-    """The body of `POST /engine/config`: any subset of `policies.decision.EngineConfig`'s fields.
-
-    `max_tokens_per_s: null` removes the cap, so "absent" and "null" differ: see `model_fields_set`.
-    """
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-
-    threads: int | None = Field(default=None, ge=1, le=256)
-    n_ctx: int | None = Field(default=None, ge=64, le=1 << 20)
-    kv_type: KvType | None = None
-    model: str | None = Field(default=None, min_length=1, max_length=200)
-    max_tokens_per_s: TokensPerS | None = None
 
 
 def models_from_ladder(ladder: ModelLadder) -> dict[str, ModelSpec]:
@@ -166,39 +126,27 @@ def _file_metadata(path: Path) -> dict[str, str]:
         llama_cpp.llama_model_free(model)
 
 
-def resolve(current: Settings, change: ConfigChange, models: dict[str, ModelSpec]) -> Settings:
-    """The settings `change` asks for, or ConfigRefused naming the field that cannot be applied.
-
-    Fields left out keep their values, except that a context larger than the new tier allows is clamped to it.
-    """
-    given = change.model_fields_set
-    target = current
-    if change.model is not None:
-        if change.model not in models:
+def resolve(current: EngineConfig, change: Mapping[str, Any], models: dict[str, ModelSpec]) -> EngineConfig:
+    """The settings `change` (validated fields, see `EngineConfig.change`) asks for, or ConfigRefused naming the field
+    that cannot be applied. Fields left out keep their values, except that a context larger than the new tier allows
+    is clamped to it."""
+    target = current.model_copy(update=change)
+    spec = models.get(target.model)
+    if spec is None:
+        raise ConfigRefused(
+            f"unknown model {target.model!r}; this engine has {sorted(models)}",
+            param="model",
+            code="model_not_found",
+            status=404,
+        )
+    if spec.max_ctx is not None and target.n_ctx > spec.max_ctx:
+        if "n_ctx" in change:
             raise ConfigRefused(
-                f"unknown model {change.model!r}; this engine has {sorted(models)}",
-                param="model",
-                code="model_not_found",
-                status=404,
-            )
-        target = replace(target, model=change.model)
-    spec = models[target.model]
-    if change.n_ctx is not None:
-        if spec.max_ctx is not None and change.n_ctx > spec.max_ctx:
-            raise ConfigRefused(
-                f"n_ctx {change.n_ctx} exceeds model {spec.name!r}'s largest context {spec.max_ctx}",
+                f"n_ctx {target.n_ctx} exceeds model {spec.name!r}'s largest context {spec.max_ctx}",
                 param="n_ctx",
                 code="context_too_large",
             )
-        target = replace(target, n_ctx=change.n_ctx)
-    elif spec.max_ctx is not None and target.n_ctx > spec.max_ctx:
-        target = replace(target, n_ctx=spec.max_ctx)
-    if change.kv_type is not None:
-        target = replace(target, kv_type=change.kv_type)
-    if change.threads is not None:
-        target = replace(target, threads=change.threads)
-    if "max_tokens_per_s" in given:
-        target = replace(target, max_tokens_per_s=change.max_tokens_per_s)
+        target = target.model_copy(update={"n_ctx": spec.max_ctx})
     check_kv(spec, target.kv_type)
     if not spec.path.is_file():
         raise ConfigRefused(f"model file {spec.path} is missing", param="model", code="model_missing")

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from governor.engine.chat import ChatRequest, CompletionRequest, TextStream
-from governor.engine.config import Applied, ConfigChange, Settings
+from governor.engine.config import Applied
 from governor.engine.grammar import Constraint
+from policies.decision import EngineConfig
 
 
 class Sink(Protocol):
@@ -30,8 +31,8 @@ class Job:
 
 @dataclass(eq=False)
 class ConfigJob:
-    change: ConfigChange
-    done: Callable[[Settings, Applied, float], None]
+    change: Mapping[str, Any]  # validated fields of EngineConfig (EngineConfig.change)
+    done: Callable[[EngineConfig, Applied, float], None]
     fail: Callable[[Exception], None]
     tokens_at: int = 0  # tokens generated when the change arrived
     tokens_waited: int = 0  # tokens generated between its arrival and its application (0 or 1: the one in flight)

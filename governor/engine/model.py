@@ -16,7 +16,8 @@ import llama_cpp
 from llama_cpp.llama_chat_format import CHATML_CHAT_TEMPLATE, Jinja2ChatFormatter
 from llama_cpp.llama_grammar import LlamaGrammar
 
-from governor.engine.config import GGML_TYPE, ModelSpec, Settings, learn_head_dim
+from governor.engine.config import GGML_TYPE, ModelSpec, learn_head_dim
+from policies.decision import EngineConfig
 
 
 class ModelLoadError(Exception):
@@ -77,7 +78,7 @@ class LoadedModel:
     def __init__(
         self,
         spec: ModelSpec,
-        settings: Settings,
+        settings: EngineConfig,
         *,
         on_progress: Callable[[float], None] | None = None,
         extra_buffers: bool = True,
@@ -101,7 +102,7 @@ class LoadedModel:
                     extra_buffers=extra_buffers,
                 )
         except (ValueError, RuntimeError) as exc:
-            raise ModelLoadError(f"cannot load {spec.path} with {settings.as_dict()}: {exc}") from exc
+            raise ModelLoadError(f"cannot load {spec.path} with {settings.model_dump()}: {exc}") from exc
         self.threads = settings.threads
         meta: dict[str, str] = self.llm.metadata
         learn_head_dim(spec.path, meta)

@@ -22,23 +22,22 @@ from typing import TYPE_CHECKING, get_args
 
 import structlog
 import uvicorn
+from pydantic import ValidationError
 from starlette.applications import Starlette
 
 from govbase.errors import GovernorError
 from governor import logs, unixsock
 from governor.engine import fault
 from governor.engine.config import (
-    KV_TYPES,
     ConfigRefused,
     ModelSpec,
-    Settings,
     check_kv,
     default_threads,
     models_from_ladder,
     single_model,
 )
 from governor.engine.extra_buffers import ExtraBuffers, choose
-from policies.decision import RATE_MAX, RATE_MIN
+from policies.decision import KNOBS, THREADS_MAX, EngineConfig, flag_of
 from policies.ladder import ExtraBuffersMode
 from sensors.root import Root
 
@@ -73,10 +72,9 @@ def add_engine(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     p.add_argument("--socket-mode", choices=["0600", "0660"], default="0600", help="socket permissions")
     p.add_argument("--socket-group", help="give the socket to this group (with --socket-mode 0660)")
     p.add_argument("--port", type=int, help="also serve on 127.0.0.1:PORT")
-    p.add_argument("--threads", type=int, help="compute threads (default: the CPUs this process may use)")
-    p.add_argument("--ctx", type=int, help="context size in tokens (default: the tier's n_ctx, or 2048)")
-    p.add_argument("--kv", choices=KV_TYPES, help="KV-cache type (default: the tier's kv_type, or f16)")
-    p.add_argument("--max-tokens-per-s", type=float, help="cap on the decode rate (default: none)")
+    for name, knob in KNOBS.items():  # the settings' flags: --threads, --ctx, --kv, --max-tokens-per-s, ...
+        if flag_of(name):
+            p.add_argument(flag_of(name), dest=name, metavar="VALUE", help=knob.help)
     p.add_argument("--queue", type=int, default=8, help="requests that may wait behind the running one (default 8)")
     p.add_argument("--drain-s", type=float, default=10.0, help="on SIGTERM, time running answers get to finish")
     p.add_argument(
@@ -121,7 +119,7 @@ def _run_from_cli(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def initial(args: argparse.Namespace) -> tuple[dict[str, ModelSpec], Settings]:
+def initial(args: argparse.Namespace) -> tuple[dict[str, ModelSpec], EngineConfig]:
     if args.models is not None:
         from policies.ladder import load_ladder
 
@@ -134,25 +132,27 @@ def initial(args: argparse.Namespace) -> tuple[dict[str, ModelSpec], Settings]:
             raise EngineError("--tier needs --models LADDER.toml")
         if not args.model.is_file():
             raise EngineError(f"--model {args.model}: no such file")
-        models = single_model(args.model, args.ctx if args.ctx is not None else 2048)
+        models = single_model(args.model, 2048)
         name = next(iter(models))
     spec = models[name]
-    n_ctx = args.ctx if args.ctx is not None else spec.default_ctx
-    if spec.max_ctx is not None and n_ctx > spec.max_ctx:
-        raise EngineError(f"--ctx {n_ctx}: tier {name!r} allows at most {spec.max_ctx}")
-    if n_ctx < 64:
-        raise EngineError(f"--ctx {n_ctx}: at least 64")
-    kv = args.kv or spec.default_kv
+    settings = EngineConfig(
+        model=name, threads=min(default_threads(), THREADS_MAX), n_ctx=spec.default_ctx, kv_type=spec.default_kv
+    )
+    given = {k: v for k in KNOBS if flag_of(k) and (v := getattr(args, k)) is not None}
     try:
-        check_kv(spec, kv)
+        settings = settings.change(given, strict=False)  # command-line text: "4" is 4 here
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        field = str(err["loc"][0])
+        raise EngineError(f"{flag_of(field)} {given[field]}: {err['msg']}") from exc
+    if args.models is None:
+        models = single_model(args.model, settings.n_ctx)
+    elif spec.max_ctx is not None and settings.n_ctx > spec.max_ctx:
+        raise EngineError(f"{flag_of('n_ctx')} {settings.n_ctx}: tier {name!r} allows at most {spec.max_ctx}")
+    try:
+        check_kv(spec, settings.kv_type)
     except ConfigRefused as exc:
-        raise EngineError(f"--kv {kv}: {exc.message}") from exc
-    threads = args.threads if args.threads is not None else default_threads()
-    if threads < 1:
-        raise EngineError(f"--threads {threads}: at least 1")
-    cap = args.max_tokens_per_s
-    if cap is not None and not RATE_MIN <= cap <= RATE_MAX:  # also refuses nan and inf
-        raise EngineError(f"--max-tokens-per-s {cap}: must be between {RATE_MIN:g} and {RATE_MAX:g}")
+        raise EngineError(f"{flag_of('kv_type')} {settings.kv_type}: {exc.message}") from exc
     if args.queue < 0:
         raise EngineError(f"--queue {args.queue}: must be >= 0")
     if args.slow_callback_ms is not None and not 0 < args.slow_callback_ms <= 60_000:
@@ -160,7 +160,7 @@ def initial(args: argparse.Namespace) -> tuple[dict[str, ModelSpec], Settings]:
     for flag, value in (("--keep-alive", args.keep_alive), ("--load-wait", args.load_wait)):
         if not (0 <= value <= 1e7):  # also refuses nan and inf
             raise EngineError(f"{flag} {value}: must be between 0 and 10000000 seconds")
-    return models, Settings(name, n_ctx, kv, threads, cap)
+    return models, settings
 
 
 def extra_buffers(args: argparse.Namespace) -> ExtraBuffers:
@@ -252,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
         raise EngineError(str(exc)) from exc
     log.info(
         "engine.loaded",
-        **settings.as_dict(),
+        **settings.model_dump(),
         path=str(models[settings.model].path),
         weight_buffers_mib=worker.slot.weight_buffers_mib,
     )

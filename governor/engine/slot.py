@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from governor.engine.config import ModelSpec, Settings
+from governor.engine.config import ModelSpec
 from governor.engine.model import LoadedModel
+from policies.decision import EngineConfig
 
 log = structlog.get_logger("governor.engine")
 
@@ -56,7 +57,7 @@ class Slot:
     def loaded(self) -> bool:
         return self.current is not None
 
-    def load(self, spec: ModelSpec, settings: Settings, *, why: str, warm: bool) -> LoadedModel:
+    def load(self, spec: ModelSpec, settings: EngineConfig, *, why: str, warm: bool) -> LoadedModel:
         """Build the model (raises ModelLoadError); with `warm`, one decode so that the first real token is not
         the one that pays for the compute buffers' first use."""
         assert self.current is None, "unload first: memory is what a device lacks"

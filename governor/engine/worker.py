@@ -19,12 +19,13 @@ from typing import Any
 import structlog
 
 from governor.engine.chat import room_for_answer
-from governor.engine.config import ConfigRefused, ModelSpec, Settings, resolve
+from governor.engine.config import ConfigRefused, ModelSpec, resolve
 from governor.engine.extra_buffers import ExtraBuffers, choose
 from governor.engine.jobs import ConfigJob, Counters, Job, Run, usage
 from governor.engine.model import LoadedModel, ModelLoadError
 from governor.engine.prompts import prepare, refit
 from governor.engine.slot import Slot
+from policies.decision import EngineConfig
 from sensors.root import Root
 
 log = structlog.get_logger("governor.engine")
@@ -34,7 +35,7 @@ class Worker:
     def __init__(
         self,
         models: dict[str, ModelSpec],
-        settings: Settings,
+        settings: EngineConfig,
         extra_buffers: ExtraBuffers | None = None,
         *,
         keep_alive_s: float | None = None,
@@ -329,7 +330,7 @@ class Worker:
             if not self.slot.loaded:  # the next load uses them
                 self.settings = target
                 cj.done(target, "unloaded", time.perf_counter() - t0)
-                log.info("engine.config", applied="unloaded", **target.as_dict())
+                log.info("engine.config", applied="unloaded", **target.model_dump())
                 continue
             if not self.settings.needs_reload(target):
                 if target.threads != self.model.threads:
@@ -337,7 +338,7 @@ class Worker:
                 self.settings = target
                 cj.done(target, "live", time.perf_counter() - t0)
                 self.on_change()
-                log.info("engine.config", applied="live", **target.as_dict())
+                log.info("engine.config", applied="live", **target.model_dump())
                 continue
             try:
                 self._reload(target, run)
@@ -353,10 +354,10 @@ class Worker:
                 applied="reload",
                 seconds=round(seconds, 3),
                 mid_answer=run is not None,
-                **target.as_dict(),
+                **target.model_dump(),
             )
 
-    def _reload(self, target: Settings, run: Run | None) -> None:
+    def _reload(self, target: EngineConfig, run: Run | None) -> None:
         """Close the old model first (memory is what a device lacks), build the new one, re-evaluate the answer.
 
         When the new model cannot be built, the old settings are rebuilt and the answer continues there.

@@ -37,7 +37,7 @@ class SweepError(GovernorError):
 
 @dataclass(frozen=True)
 class Param:
-    key: str  # dotted path into the policy, e.g. "thermal.hot_margin_c" or "states.hot.max_tokens_per_s"
+    key: str  # dotted path into the policy, e.g. "thermal.hot_margin_c" or "states.hot.min_threads"
     values: tuple[Any, ...]
 
 

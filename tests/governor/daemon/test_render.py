@@ -59,7 +59,7 @@ def test_critical_after_the_engine_was_given_up() -> None:
     assert "engine failed 5 times in a row" in text
     assert "reload failed: pi.toml:3: states.idle.threadz" in text
     assert "not answering (engine exited with status 1 after 0.4 s)" in text
-    assert "model small, 1 thread, n_ctx 512, KV q4_0, rate cap 2 tok/s" in text
+    assert "threads 1, n_ctx 512, KV q4_0, model small, rate cap 2 tok/s" in text
     assert "state idle by pid 42 uid 1000, 25 s left" in text
     assert "81.2 °C" in text
     assert "passive 80" in text
@@ -86,7 +86,7 @@ def test_memory_cap_and_a_busy_engine() -> None:
         }
     )
     assert "(67 min ago)" in text
-    assert "rate cap none" in text
+    assert "no rate cap" in text
     assert "generating, 21.5 tok/s, RSS 380 MiB, pid 77" in text
     assert "capped at medium/n_ctx 2048: SIGKILL under PSI 60%" in text
     assert "reload failed" not in text
@@ -101,7 +101,7 @@ def test_why_lists_decisions_with_their_reasons() -> None:
     decision = {"wall": NOW, "state": "hot", "engine": {**CONFIG, "threads": 2}, "reason": "hot: forecast 78.4 °C"}
     why_table([decision], console)
     text = console.export_text()
-    assert "small 2t ctx 512 q4_0 ≤2/s" in text
+    assert "threads 2, n_ctx 512, KV q4_0, model small, rate cap 2 tok/s" in text
     assert "hot: forecast 78.4 °C" in text
 
 

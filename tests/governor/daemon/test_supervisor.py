@@ -120,7 +120,7 @@ def test_the_first_decision_starts_the_engine_with_its_settings(harness: Harness
     harness.supervisor.want(LARGE)
     eventually(lambda: harness.supervisor.ready)
     assert harness.started == [LARGE]
-    assert harness.configured == [LARGE]  # what the command line cannot say (the rate cap) is posted once ready
+    assert harness.configured == [LARGE]  # the latest decision is posted once ready (it may have changed)
 
 
 def test_a_killed_engine_is_restarted(harness: Harness) -> None:

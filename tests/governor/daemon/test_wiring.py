@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 
 from govbase.errors import GovernorError
+from governor.cli import build_parser
 from governor.clock import RealClock
 from governor.daemon.app import keep_alive, policy_loader, uevent_handler
 from governor.daemon.engine import SupervisedEngine, engine_command
 from governor.daemon.metrics import DaemonMetrics
 from governor.daemon.supervisor import EngineSupervisor, RestartPolicy
+from governor.engine.serve import initial
 from policies import StateMachine, load_policy
 from policies.decision import Decision, EngineConfig, State
 from policies.ladder import ModelLadder, ModelTier, load_ladder
@@ -107,6 +109,14 @@ def test_the_engine_gets_the_policys_keep_alive(tmp_path: Path) -> None:
     argv = engine_command(tmp_path / "l.toml", tmp_path / "e.sock", cfg, keep_alive_s=keep_alive(StateMachine(policy)))
     assert argv[argv.index("--keep-alive") + 1] == "42"
     assert load_policy("default").engine.keep_alive_s == 300.0
+
+
+def test_the_engine_child_starts_with_every_setting_of_the_decision(tmp_path: Path, demo_ladder: Path) -> None:
+    cfg = EngineConfig(threads=1, n_ctx=512, kv_type="f16", model="small", max_tokens_per_s=2.5)
+    argv = engine_command(demo_ladder, tmp_path / "e.sock", cfg)
+    assert argv[argv.index("--max-tokens-per-s") + 1] == "2.5"
+    args = build_parser().parse_args(argv[argv.index("engine") :])
+    assert initial(args)[1] == cfg  # what the engine parses from its command line is the decision
 
 
 def test_a_bench_device_file_is_the_device_models_prior_and_a_bad_one_is_refused(

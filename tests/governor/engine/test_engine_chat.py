@@ -11,7 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from governor.engine.chat import ChatRequest, PromptTooLong, TextStream, fit
-from governor.engine.config import ConfigChange, ConfigRefused, Settings, models_from_ladder, resolve
+from governor.engine.config import ConfigRefused, models_from_ladder, resolve
+from policies.decision import EngineConfig
 from policies.ladder import load_ladder
 from tests.native import in_child
 
@@ -28,7 +29,9 @@ def with_small(ladder: str, check: Check) -> None:
     from governor.engine.model import LoadedModel
 
     models = models_from_ladder(load_ladder(Path(ladder)))
-    model = LoadedModel(models["small"], Settings("small", 256, "f16", 1, None))
+    model = LoadedModel(
+        models["small"], EngineConfig(model="small", n_ctx=256, kv_type="f16", threads=1, max_tokens_per_s=None)
+    )
     try:
         check(model)
     finally:
@@ -141,14 +144,14 @@ def test_request_fields_are_strictly_typed() -> None:
 def config_change_resolution(demo_ladder: Path) -> None:
     """In the child: a quantized KV type makes `resolve` read the model's head size with llama.cpp."""
     models = models_from_ladder(load_ladder(demo_ladder))
-    now = Settings("large", 2048, "f16", 2, 5.0)
-    assert resolve(now, ConfigChange.model_validate({"max_tokens_per_s": None}), models).max_tokens_per_s is None
-    assert resolve(now, ConfigChange.model_validate({"threads": 1}), models).max_tokens_per_s == 5.0
-    swapped = resolve(now, ConfigChange.model_validate({"model": "small", "kv_type": "q4_0"}), models)
+    now = EngineConfig(model="large", n_ctx=2048, kv_type="f16", threads=2, max_tokens_per_s=5.0)
+    assert resolve(now, {"max_tokens_per_s": None}, models).max_tokens_per_s is None
+    assert resolve(now, {"threads": 1}, models).max_tokens_per_s == 5.0
+    swapped = resolve(now, {"model": "small", "kv_type": "q4_0"}, models)
     assert now.needs_reload(swapped)
-    assert not now.needs_reload(resolve(now, ConfigChange.model_validate({"threads": 1}), models))
+    assert not now.needs_reload(resolve(now, {"threads": 1}, models))
     with pytest.raises(ConfigRefused) as refused:
-        resolve(now, ConfigChange.model_validate({"model": "tiny"}), models)
+        resolve(now, {"model": "tiny"}, models)
     assert refused.value.status == 404
 
 

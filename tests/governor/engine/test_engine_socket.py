@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from governor.cli import build_parser, main
-from governor.engine.config import Settings
 from governor.engine.serve import EngineError, bind_unix, initial
+from policies.decision import EngineConfig
 from tests.native import in_child
 
 
@@ -52,7 +52,7 @@ def parse(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(["engine", "--socket", "/tmp/x.sock", *argv])
 
 
-def initial_of(*argv: str) -> tuple[list[str], Settings]:
+def initial_of(*argv: str) -> tuple[list[str], EngineConfig]:
     """In the child: a quantized default KV type makes `initial` check the model's head size with llama.cpp."""
     models, settings = initial(parse(*argv))
     return list(models), settings
@@ -77,7 +77,9 @@ def test_defaults_come_from_the_tier(demo_ladder: Path) -> None:
         (["--ctx", "4096"], "allows at most 2048"),
         (["--threads", "0"], "--threads 0"),
         (["--ctx", "0"], "--ctx 0"),
-        (["--max-tokens-per-s", "0"], "must be between 0.1 and 100000"),
+        (["--max-tokens-per-s", "0"], "--max-tokens-per-s 0: Input should be greater than or equal to 0.1"),
+        (["--max-tokens-per-s", "nan"], "--max-tokens-per-s nan: Input should be a finite number"),
+        (["--kv", "q5_1"], "--kv q5_1: Input should be 'f16', 'q8_0' or 'q4_0'"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(

@@ -91,11 +91,16 @@ def test_the_ladder_takes_extra_buffers_and_refuses_a_typo(tmp_path: Path) -> No
 
 def load_and_decode(path: str, extra_buffers: bool) -> tuple[dict[str, float], str, int]:
     """In the child: the engine's model loader, then a short greedy answer."""
-    from governor.engine.config import Settings, single_model
+    from governor.engine.config import single_model
     from governor.engine.model import LoadedModel
+    from policies.decision import EngineConfig
 
     spec = next(iter(single_model(Path(path), 256).values()))
-    model = LoadedModel(spec, Settings(spec.name, 256, "f16", 1, None), extra_buffers=extra_buffers)
+    model = LoadedModel(
+        spec,
+        EngineConfig(model=spec.name, n_ctx=256, kv_type="f16", threads=1, max_tokens_per_s=None),
+        extra_buffers=extra_buffers,
+    )
     try:
         tokens = model.encode(model.render([{"role": "user", "content": "the people of the world"}]), prompt=True)
         gen = model.generate(tokens, {"temp": 0.0}, 1)

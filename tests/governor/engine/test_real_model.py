@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from governor.engine.chat import fit
-from governor.engine.config import Settings, models_from_ladder
+from governor.engine.config import models_from_ladder
+from policies.decision import EngineConfig
 from policies.ladder import load_ladder
 from tests.governor.engine.engine_proc import Chunked, Engine, user
 from tests.helpers import eventually
@@ -90,7 +91,9 @@ def rendered_prompt(ladder: str, messages: list[dict[str, str]], n_ctx: int) -> 
     from governor.engine.model import LoadedModel
 
     models = models_from_ladder(load_ladder(Path(ladder)))
-    model = LoadedModel(models["medium"], Settings("medium", n_ctx, "f16", 1, None))
+    model = LoadedModel(
+        models["medium"], EngineConfig(model="medium", n_ctx=n_ctx, kv_type="f16", threads=1, max_tokens_per_s=None)
+    )
     try:
         fitted = fit(model, messages, n_ctx, answer_room=64)
         text = model.llm.detokenize(fitted.tokens, special=True).decode()
