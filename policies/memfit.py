@@ -6,7 +6,7 @@ Estimate = weights (the file size) + KV cache + compute buffer (Ollama's estimat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,9 @@ class ModelFootprint:
 
     @classmethod
     def from_gguf(cls, path: Path) -> ModelFootprint:
-        from gguf import GGUFReader  # heavy import (numpy memmap); only the daemon's start and replay need it
+        """Read with the `gguf` package (pure Python: seconds for a 49k-token vocabulary; the daemon reads its tiers
+        with llama.cpp in a child instead, governor.daemon.footprints)."""
+        from gguf import GGUFReader  # heavy import (numpy memmap); only replay, the lab and tests need it
 
         try:
             reader = GGUFReader(path)
@@ -50,11 +52,21 @@ class ModelFootprint:
             field = reader.get_field(key)
             return None if field is None else field.contents()
 
+        tokens = reader.get_field("tokenizer.ggml.tokens")
+        return cls.from_fields(path, get, n_vocab=None if tokens is None else len(tokens.data))
+
+    @classmethod
+    def from_fields(cls, path: Path, get: Callable[[str], Any], *, n_vocab: int | None) -> ModelFootprint:
+        """From GGUF header fields: `get(key)` gives an int, a numeric string, a per-layer list of ints or None."""
+
         def need(key: str) -> int:
             value = get(key)
             if value is None:
                 raise MemFitError(path, f"GGUF header has no {key}")
-            return int(max(value)) if isinstance(value, list) else int(value)  # per-layer arrays: the largest
+            try:
+                return int(max(value)) if isinstance(value, list) else int(value)  # per-layer arrays: the largest
+            except (TypeError, ValueError):
+                raise MemFitError(path, f"GGUF header field {key} is not a number: {str(value)[:40]!r}") from None
 
         arch = get("general.architecture")
         if not isinstance(arch, str):
@@ -64,17 +76,19 @@ class ModelFootprint:
         kv_heads = need(f"{arch}.attention.head_count_kv") if get(f"{arch}.attention.head_count_kv") else heads
         key_len = need(f"{arch}.attention.key_length") if get(f"{arch}.attention.key_length") else embd // heads
         value_len = need(f"{arch}.attention.value_length") if get(f"{arch}.attention.value_length") else key_len
-        tokens = reader.get_field("tokenizer.ggml.tokens")
-        vocab = len(tokens.data) if tokens is not None else need(f"{arch}.vocab_size")
+        try:
+            file_bytes = path.stat().st_size
+        except OSError as exc:
+            raise MemFitError(path, f"cannot read GGUF header: {exc}") from exc
         return cls(
-            file_bytes=path.stat().st_size,
+            file_bytes=file_bytes,
             n_layer=need(f"{arch}.block_count"),
             n_embd=embd,
             n_head=heads,
             n_head_kv=kv_heads,
             head_dim_k=key_len,
             head_dim_v=value_len,
-            n_vocab=vocab,
+            n_vocab=n_vocab if n_vocab is not None else need(f"{arch}.vocab_size"),
         )
 
     def kv_bytes(self, n_ctx: int, kv_type: KvType) -> float:

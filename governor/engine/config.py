@@ -7,7 +7,6 @@ with a 4xx and the current model keeps serving.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -92,38 +91,11 @@ def head_dim(path: Path) -> int | None:
     except OSError:
         return None
     if key not in _head_dims:
-        _head_dims[key] = head_dim_from_metadata(_file_metadata(path))
+        from governor.engine.header import read_header  # llama.cpp: only where a file must be read
+
+        header = read_header(path)
+        _head_dims[key] = None if header is None else head_dim_from_metadata(header.meta)
     return _head_dims[key]
-
-
-def _file_metadata(path: Path) -> dict[str, str]:
-    """The metadata `head_dim_from_metadata` needs, as llama.cpp reads it (only the vocabulary is loaded)."""
-    import ctypes
-
-    import llama_cpp
-
-    # Without this llama.cpp logs the whole header to stderr; Llama(verbose=False) sets the same level.
-    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
-    params = llama_cpp.llama_model_default_params()
-    params.vocab_only = True
-    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
-    if not model:
-        return {}
-    try:
-        buf = ctypes.create_string_buffer(256)
-
-        def get(key: str) -> str | None:
-            n = llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
-            return buf.value.decode(errors="replace") if 0 <= n < len(buf) else None
-
-        arch = get("general.architecture")
-        if arch is None:
-            return {}
-        keys = (f"{arch}.attention.key_length", f"{arch}.embedding_length", f"{arch}.attention.head_count")
-        found = {k: get(k) for k in keys}
-        return {"general.architecture": arch} | {k: v for k, v in found.items() if v is not None}
-    finally:
-        llama_cpp.llama_model_free(model)
 
 
 def resolve(current: EngineConfig, change: Mapping[str, Any], models: dict[str, ModelSpec]) -> EngineConfig:
