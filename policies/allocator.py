@@ -33,6 +33,8 @@ RATE_DEADBAND = 0.05  # a new rate cap within 5 % of the last one keeps the last
 CAP_BELOW = 0.95  # uncapped, a rate cap starts when it would hold the engine under 95 % of its speed ...
 LIFT_ABOVE = 0.99  # ... and, capped, lifts above 99 %: the PI's wobble between them is not a reconfiguration
 FREQ_STEP = 0.1  # coming back from hot, the clock cap rises by this share of the top clock per recover step
+FLAT = 0.5  # a higher clock that gains less than half the compute line's gain over a lower one: memory-bound
+RECENT_OBS = 240  # observations: how long a (threads, clock) figure counts as recent (clocks compared, probes)
 
 
 Key = tuple[bool, float, float, int, float]  # (fits the budget uncapped, tokens/s, load, threads, clock)
@@ -60,6 +62,7 @@ class DeviceModel:
         self._powers_of: Sequence[float] | None = None
         self._powers: tuple[float, ...] = ()
         # Recursive least squares on P = idle + w·x (x = n·f^k·duty), starting from the prior with low confidence.
+        self._recent: dict[tuple[int, float], tuple[float, int]] = {}  # (threads, clock) -> (tok/s, observation no.)
         self._theta = [prior.idle_w, prior.core_w]
         self._cov = [[4.0, 0.0], [0.0, 1.0]]
         self.power_observations = 0
@@ -115,9 +118,36 @@ class DeviceModel:
         else:
             self.a *= SPEED_DECAY
         if per < CEILING_BELOW * self.a:  # compute could do more: the memory is the limit here
-            self.ceiling = tok_s if self.ceiling is None else self.ceiling + CEILING_GAIN * (tok_s - self.ceiling)
+            self._toward_ceiling(tok_s)
         elif self.ceiling is not None and tok_s > self.ceiling:
             self.ceiling = tok_s
+        key = (threads, round(freq, 4))
+        old = self._recent.get(key)
+        fresh = old is not None and self.observations - old[1] <= RECENT_OBS
+        tok = old[0] + CEILING_GAIN * (tok_s - old[0]) if old is not None and fresh else tok_s
+        self._recent[key] = (tok, self.observations)
+        self._compare_clocks(threads, key[1], tok)
+
+    def _toward_ceiling(self, tok_s: float) -> None:
+        self.ceiling = tok_s if self.ceiling is None else self.ceiling + CEILING_GAIN * (tok_s - self.ceiling)
+
+    def _compare_clocks(self, threads: int, freq: float, tok: float) -> None:
+        """A memory-bound decode never shows up as per-thread speed under the peak (`a` is only ever learned where it
+        runs): compare clocks instead. If a higher clock gained less than half of what compute would give over a
+        lower one at the same threads, recently, the memory is the limit from the lower clock on."""
+        if len(self._recent) > 64:
+            self._recent = {k: v for k, v in self._recent.items() if self.observations - v[1] <= RECENT_OBS}
+        for (n, f), (other, at) in self._recent.items():
+            if n != threads or f == freq or self.observations - at > RECENT_OBS:
+                continue
+            (lo_f, lo_t), (hi_f, hi_t) = sorted(((f, other), (freq, tok)))
+            if hi_t < lo_t * (1 + FLAT * (hi_f / lo_f - 1)):
+                self._toward_ceiling(max(lo_t, hi_t))
+
+    def measured_below(self, threads: int, freq: float, tok_s: float) -> bool:
+        """Recently measured at (threads, freq) and slower than tok_s: no need to try that clock again yet."""
+        seen = self._recent.get((threads, round(freq, 4)))
+        return seen is not None and self.observations - seen[1] <= RECENT_OBS and seen[0] < tok_s
 
     def _observe_power(self, x: float, watts: float) -> None:
         self.power_observations += 1
@@ -142,12 +172,14 @@ def allocate(
     full_threads: int,
     max_rate: float | None,
     min_rate: float | None,
+    prefill: bool = False,
 ) -> Choice:
-    """The (threads, clock, rate) with the most predicted tokens/s within the budget u x full dynamic power."""
+    """The (threads, clock, rate) with the most predicted tokens/s within the budget u x full dynamic power.
+    `prefill`: the engine is evaluating a prompt, which is compute-bound: the memory ceiling does not apply."""
     budget = max(0.0, u) * full_threads  # in load units (thread·f^k); all threads at the top clock = full_threads
     limit = budget * (1 + 1e-9)
     budget_w = model.idle_w + model.core_w * budget
-    a, ceiling = model.a or 1.0, model.ceiling
+    a, ceiling = model.a or 1.0, None if prefill else model.ceiling
     keys: list[Key] = []
     for f, fk in zip(ratios, model.powers(ratios), strict=True):
         for n in threads:
@@ -244,17 +276,23 @@ class PowerAllocator:
         full = self.model.load(self.full_threads(cpus), 1.0)
         return min(1.0, self.model.load(threads, self.freq or 1.0) / full)
 
-    def allocate(self, u: float, cpus: int | None) -> Choice:
+    def allocate(self, u: float, cpus: int | None, *, prefill: bool = False) -> Choice:
+        """`prefill`: the engine is busy with no tokens coming (a prompt): compute-bound, the clock is worth all of
+        its watts; while decoding at the memory ceiling the clock above the crossover buys nothing."""
         full = self.full_threads(cpus)
+        ratios = self.ratios or (1.0,)
         choice = allocate(
             self.model,
             u,
             threads=range(min(self.hot.min_threads or 1, full), full + 1),
-            ratios=self.ratios or (1.0,),
+            ratios=ratios,
             full_threads=full,
             min_rate=self.hot.rate_range[0],
             max_rate=self.hot.rate_range[1],
+            prefill=prefill,
         )
+        if not prefill and u < 1.0:
+            choice = self._explore(choice, ratios)
         last, rate = self._rate, choice.rate
         speed = self.model.speed(choice.threads, choice.freq_ratio)
         threshold = (CAP_BELOW if last is None else LIFT_ABOVE) * speed  # hysteresis on the duty (rate ÷ speed)
@@ -267,6 +305,22 @@ class PowerAllocator:
         self._rate = choice.rate
         self.choice = choice
         return choice
+
+    def _explore(self, choice: Choice, ratios: Sequence[float]) -> Choice:
+        """Decoding at the memory ceiling (or with none known yet): try the next clock down unless it was measured
+        slower lately. If decode holds there, the ceiling shows (two clocks, one rate) and the allocation stays (the
+        same tokens for f^k less power); if not, that figure keeps it from being tried again for RECENT_OBS ticks
+        (a compute-bound device pays one tick a step slower now and then). The crossover, found without a bench."""
+        model, ceiling, tok = self.model, self.model.ceiling, choice.tok_s
+        if choice.rate is not None or tok is None or (ceiling is not None and tok < (1 - TIE) * ceiling):
+            return choice  # under the ceiling: compute-bound, a lower clock costs tokens
+        below = [r for r in ratios if r < choice.freq_ratio - 1e-9]
+        if not below or model.measured_below(choice.threads, below[-1], (1 - TIE) * (ceiling or tok)):
+            return choice
+        f = below[-1]
+        return replace(
+            choice, freq_ratio=f, tok_s=model.speed(choice.threads, f), power_w=model.power_w(choice.threads, f)
+        )
 
     def observe(
         self,

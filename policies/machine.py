@@ -81,6 +81,7 @@ class StateMachine:
         self._pi: PIController | None = None
         self._pi_u: float | None = None
         self._cpus: int | None = None  # online CPUs at this tick (None: unknown)
+        self._prefill = False  # the engine is busy with a prompt (no tokens yet): compute-bound
         self._threads_t = -math.inf  # when threads last changed (recovery steps count from there)
         self._budget: float | None = None  # memory budget after input hysteresis
         self._budget_raw = 0.0  # ... before PSI's shrink
@@ -140,6 +141,7 @@ class StateMachine:
             rate_cap, freq = prev.max_tokens_per_s, snapshot.cpu.freq_ratio
             self.power.observe(prev.threads, rate_cap, freq, engine, battery=sense.battery, on_power=sense.on_power)
         self.power.choice, self._cpus = None, snapshot.cpu.count
+        self._prefill = engine is not None and engine.busy and not engine.tokens_per_s  # a prompt: no tokens yet
         self._fit_threads.update(snapshot.cpu, engine, prev is not None and prev.max_tokens_per_s is not None, t)
         active = self._in_force(pin, sense, prev, t)
         caps = [h.max_threads for h in live if h.max_threads is not None]
@@ -274,7 +276,7 @@ class StateMachine:
             if not self.power.enabled:
                 active.append(self._hot_at(u))
             else:  # a power budget, allocated to clock x threads x rate
-                choice = self.power.allocate(u, self._cpus)
+                choice = self.power.allocate(u, self._cpus, prefill=self._prefill)
                 active.append(self._limits[State.HOT]._replace(threads=choice.threads, rate=choice.rate))
         else:
             self._pi, self._pi_u = None, None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from policies import StateMachine
-from policies.allocator import Choice, DeviceModel, allocate
+from policies.allocator import Choice, DeviceModel, PowerAllocator, allocate
 from policies.decision import State
 from policies.schema import Power
 from sensors.snapshot import EngineObservation
@@ -156,3 +156,31 @@ def test_with_the_clock_the_setpoint_sits_closer_to_the_trip() -> None:
     threads_only = run(StateMachine(make_policy()), [snap(79.0)] * 6)[-1]
     assert with_clock.readings["setpoint_c"] == 79.5
     assert threads_only.readings["setpoint_c"] == 78.0
+
+
+def memory_bound(freq: float) -> float:
+    """4 threads: compute 1.4 tok/s per thread·clock, memory ceiling 4.2 tok/s (a Pi 5 with a 3B model)."""
+    return min(1.4 * 4 * freq, 4.2)
+
+
+def test_a_flat_rate_between_two_clocks_reveals_the_memory_ceiling() -> None:
+    """Only ever run at 90-100 % clock: per-thread speed looks like the peak (it is all `a` ever sees), but the
+    10 % more clock bought no tokens, so decode is memory-bound there."""
+    model = DeviceModel(Power())
+    for freq in (1.0, 0.9) * 5:
+        model.observe(4, freq, memory_bound(freq), None, None)
+    assert model.ceiling is not None
+    assert abs(model.ceiling - 4.2) < 0.05
+    assert alloc(model, 0.95).freq_ratio == 0.9  # the same tokens as at 1.0 for 0.9^2.5 of the watts
+
+
+def test_decoding_at_the_ceiling_tries_lower_clocks_down_to_the_crossover() -> None:
+    power = PowerAllocator(make_policy(states={"hot": {"threads": 4, "min_threads": 1}}), RATIOS, None)
+    seen = []
+    for _ in range(60):
+        freq = power.allocate(0.95, 4).freq_ratio
+        power.model.observe(4, freq, memory_bound(freq), None, None)
+        seen.append(freq)
+    assert 0.7 in seen  # tried once: slower (3.9 tok/s) ...
+    assert seen[-20:] == [0.8] * 20  # ... so it stays at the crossover: 4.48 tok/s of compute for the 4.2 ceiling
+    assert power.allocate(0.95, 4, prefill=True).freq_ratio == 0.9  # a prompt is compute-bound: the budget's clock
