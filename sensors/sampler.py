@@ -98,6 +98,7 @@ class SensorSampler:
         engine_pid: Callable[[], int | None] | None = None,
         rediscover_s: float = 30.0,
         stuck_samples: int = 120,
+        battery_max_age_s: float = 0.0,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.root = root if isinstance(root, Root) else Root(root)
@@ -111,6 +112,11 @@ class SensorSampler:
         self._load = LoadReader(self.root)
         self.engine_pid = engine_pid  # whose CPU time is the engine's own, not "another process" (the daemon sets it)
         self.rediscover_s = rediscover_s
+        # Power supplies are read at most this often (0: every sample). Fuel gauges update every few seconds and a
+        # charger plugged or pulled is a uevent (a rediscovery, so a fresh read); at the 0.25 s mitigating tick the
+        # ~10 battery files were 16 % of the daemon's tick (issue 16).
+        self.battery_max_age_s = battery_max_age_s
+        self._battery: tuple[Inventory, float, Battery | None, list[Problem]] | None = None
         self._monotonic = monotonic
         self._stuck = StuckDetector(stuck_samples)
         self._inventory: Inventory | None = None
@@ -123,6 +129,16 @@ class SensorSampler:
     def invalidate(self) -> None:
         """Rediscover before the next sample (a udev event said devices came or went)."""
         self._inventory = None
+
+    def _read_battery(self, reader: Reader, inv: Inventory, now: float) -> Battery | None:
+        last = self._battery
+        if last is not None and last[0] is inv and now - last[1] < self.battery_max_age_s:
+            reader.problems.extend(last[3])
+            return last[2]
+        before = len(reader.problems)
+        battery = read_battery(reader, list(inv.supplies))
+        self._battery = (inv, now, battery, reader.problems[before:])
+        return battery
 
     def _discover(self, reader: Reader, now: float) -> Inventory:
         inputs = (*discover_zones(self.root, reader), *discover_hwmon(self.root, reader))
@@ -179,7 +195,7 @@ class SensorSampler:
             temperatures.append(
                 Temperature(source=gone.source, kind=gone.kind, label=gone.label, temp_c=None, trips=gone.trips)
             )
-        battery = read_battery(reader, list(inv.supplies))
+        battery = self._read_battery(reader, inv, now)
         if self.termux is not None and (battery is None or battery.percent is None):
             from_termux, problems = self.termux.latest()
             reader.problems.extend(problems)
@@ -271,6 +287,7 @@ def make_sampler(
     termux_timeout_s: float = 3.0,
     environ: Mapping[str, str] = os.environ,
     engine_pid: Callable[[], int | None] | None = None,
+    battery_max_age_s: float = 0.0,
 ) -> Sampler:
     """sysfs when the tree is there (any Linux, or a fake tree under `root`); psutil otherwise (macOS, Windows).
 
@@ -282,4 +299,10 @@ def make_sampler(
         return PsutilSampler()
     if termux_cmd is None and termux_detected(environ):
         termux_cmd = DEFAULT_COMMAND
-    return SensorSampler(prefix, termux_cmd=termux_cmd, termux_timeout_s=termux_timeout_s, engine_pid=engine_pid)
+    return SensorSampler(
+        prefix,
+        termux_cmd=termux_cmd,
+        termux_timeout_s=termux_timeout_s,
+        engine_pid=engine_pid,
+        battery_max_age_s=battery_max_age_s,
+    )

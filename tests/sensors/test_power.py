@@ -125,3 +125,34 @@ def test_phone_charger_internals_do_not_count_as_external_power(tree: FakeTree) 
     battery = sample(tree).battery
     assert battery is not None
     assert battery.plugged is False
+
+
+def test_a_fast_tick_reads_the_battery_at_most_every_battery_max_age_s(tree: FakeTree) -> None:
+    tree.battery(capacity=80)
+    now = [100.0]
+    sampler = SensorSampler(tree.root, cpu_util=None, battery_max_age_s=1.0, monotonic=lambda: now[0])
+
+    def percent() -> float | None:
+        battery = sampler.sample().battery
+        assert battery is not None
+        return battery.percent
+
+    assert percent() == 80.0
+    tree.write("sys/class/power_supply/BAT0/capacity", 79)
+    now[0] += 0.5
+    assert percent() == 80.0  # half a second later: the last reading
+    now[0] += 0.5
+    assert percent() == 79.0  # a second after the read: read again
+    tree.write("sys/class/power_supply/BAT0/capacity", 78)
+    sampler.invalidate()  # a power_supply uevent
+    assert percent() == 78.0  # at once
+
+
+def test_a_battery_problem_stays_reported_while_the_reading_is_reused(tree: FakeTree) -> None:
+    tree.battery(capacity="garbage")
+    now = [100.0]
+    sampler = SensorSampler(tree.root, cpu_util=None, battery_max_age_s=1.0, monotonic=lambda: now[0])
+    first = sampler.sample().problems
+    now[0] += 0.25
+    assert [p for p in sampler.sample().problems if "capacity" in p.path] == [p for p in first if "capacity" in p.path]
+    assert any("capacity" in p.path for p in first)
