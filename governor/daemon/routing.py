@@ -135,12 +135,13 @@ def chat_info(raw: bytes, headers: Sequence[tuple[bytes, bytes]] = ()) -> ChatIn
     background = background_header or (isinstance(ours, dict) and ours.get("class") == "background")
     body = raw if ours is None else json.dumps(data).encode()
     chars = 0
-    for message in data.get("messages") or []:
+    messages = data.get("messages")
+    for message in messages if isinstance(messages, list) else []:  # anything else: the engine's 400 says why
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, str):
             chars += len(content) + 16  # the template's role markers
         elif isinstance(content, list):
-            chars += sum(len(p.get("text") or "") for p in content if isinstance(p, dict))
+            chars += sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     prompt = data.get("prompt")
     if isinstance(prompt, str):
         chars += len(prompt)

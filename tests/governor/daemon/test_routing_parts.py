@@ -231,3 +231,20 @@ def test_a_background_request_stays_on_a_device_that_misses_only_the_interactive
     in_body = chat_info(b'{"messages": [], "governor": {"class": "background"}}')
     assert in_body.background
     assert b"governor" not in in_body.body
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"messages": 1e99999}',
+        b'{"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}',
+        b'{"messages": [5, null, {"content": {"a": 1}}], "prompt": ["x"], "model": 3, "governor": 7}',
+        b"[1, 2]",
+        b"not json",
+        b"[" * 100_000 + b"]" * 100_000,
+    ],
+)
+def test_any_body_is_read_without_failing_and_left_to_the_engine_to_judge(body: bytes) -> None:
+    info = chat_info(body)
+    assert not info.local_only
+    assert info.prompt_tokens >= 0
