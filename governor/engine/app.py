@@ -140,6 +140,7 @@ class EngineApp:
             "last_load_s": None if w.slot.last_load_s is None else round(w.slot.last_load_s, 3),
             "loads_total": w.slot.loads_total,
             "unloads_total": w.slot.unloads_total,
+            "context_shift": w.context_shift,
             "extra_buffers": w.extra_buffers.as_dict(),
             "weight_buffers_mib": w.slot.weight_buffers_mib,
             "busy": w.busy,
@@ -332,6 +333,7 @@ class EngineApp:
                 elif kind == "error":
                     return error(ev[1], ev[2], code=ev[3])
                 elif kind == "end":
+                    reply.governor.update(ev[3] if len(ev) > 3 else {})
                     return JSONResponse(reply.full(ev[1], ev[2]))
             batch = await events.batch()
         return Response(status_code=499)

@@ -15,7 +15,8 @@ from policies.decision import EngineConfig
 
 class Sink(Protocol):
     """Where a generation's events go. Events: ("start", model, prompt_tokens, trimmed), ("text", str),
-    ("model", name), ("trim", trimmed_total), ("end", finish_reason, usage), ("error", status, message, code)."""
+    ("model", name), ("trim", trimmed_total), ("end", finish_reason, usage[, governor fields]),
+    ("error", status, message, code)."""
 
     def __call__(self, event: tuple[Any, ...]) -> None: ...
 
@@ -47,6 +48,10 @@ class Counters:
     prompt_tokens_total: int = 0
     reloads_total: int = 0
     trimmed_messages_total: int = 0
+    prompt_tokens_evaluated_total: int = 0  # prompt tokens llama.cpp evaluated (the rest came from the KV cache)
+    context_shifts_total: int = 0  # answers whose prompt reused the cache by moving it (governor.engine.window)
+    shifted_tokens_total: int = 0  # tokens those shifts removed from the cache
+    cache_copies_total: int = 0  # reloads (an n_ctx change) that copied the KV cache into the new context
 
 
 @dataclass(eq=False)
@@ -67,6 +72,9 @@ class Run:
     prefilling: bool = True  # the next `next(gen)` evaluates the prompt first
     model_name: str = ""
     finish: str | None = None
+    evaluated_from: int = 0  # the model's evaluated-token counter when this answer's prompt evaluation began
+    prompt_evaluated: int | None = None  # prompt tokens evaluated for this answer (known once the prefill ended)
+    shifted: int = 0  # tokens the context shift removed from the cache for this answer
 
 
 def usage(prompt: int, completion: int) -> dict[str, int]:

@@ -10,13 +10,16 @@ import gc
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import llama_cpp
+import numpy as np
 from llama_cpp.llama_chat_format import CHATML_CHAT_TEMPLATE, Jinja2ChatFormatter
 from llama_cpp.llama_grammar import LlamaGrammar
 
-from governor.engine.config import GGML_TYPE, ModelSpec, learn_head_dim
+from governor.engine.config import GGML_TYPE, ModelSpec, head_dim, learn_head_dim
+from governor.engine.window import Cut
 from policies.decision import EngineConfig
 
 
@@ -64,12 +67,28 @@ class _Llama(llama_cpp.Llama):
             params.progress_callback = self._progress_cb
         self._model_params = params
 
+    evaluated = 0  # tokens llama.cpp has evaluated in this context (prompts, re-evaluations, decoded tokens)
+
+    def eval(self, tokens: Sequence[int]) -> None:
+        before = self.n_tokens
+        try:
+            super().eval(tokens)
+        finally:  # an aborted evaluation still counts the batches it completed
+            self.evaluated += self.n_tokens - before
+
     def _init_sampler(self, *args: Any, **kwargs: Any) -> Any:
         sampler = super()._init_sampler(*args, **kwargs)
         for token in self.replay:
             llama_cpp.llama_sampler_accept(sampler.sampler, token)
         self.replay = ()
         return sampler
+
+
+@dataclass(frozen=True)
+class SavedSequence:
+    tokens: list[int]
+    data: Any  # ctypes uint8 array
+    size: int
 
 
 class LoadedModel:
@@ -118,6 +137,7 @@ class LoadedModel:
         self._vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self._buf = ctypes.create_string_buffer(256)
         self._tokens: dict[int, tuple[bool, bytes]] = {}
+        self.cut: Cut | None = None  # the chat's last chunked trim in this context (governor.engine.window)
         self.abort_requested = False
         self._abort_cb = llama_cpp.ggml_abort_callback(self._should_abort)
         self._no_cb = llama_cpp.ggml_abort_callback()
@@ -138,6 +158,49 @@ class LoadedModel:
             yield
         finally:
             llama_cpp.llama_set_abort_callback(self.llm.ctx, self._no_cb, None)
+
+    @property
+    def evaluated(self) -> int:
+        """Tokens evaluated in this context so far (a counter: differences tell what one step cost)."""
+        return self.llm.evaluated
+
+    @functools.cached_property
+    def can_shift(self) -> bool:
+        """llama.cpp can move cached tokens to other positions: it says so (false for some architectures, e.g.
+        M-RoPE), and the cache is not a quantized one with heads smaller than 64. llama.cpp 0.3.36 reports true
+        there, but moving a q8_0 K cache of head_dim 32 (the random demo models) crashes it with SIGSEGV at the next
+        decode; SmolLM2 (head_dim 64) shifts q8_0 and q4_0 caches fine."""
+        if self.kv_type != "f16" and (head_dim(self.spec.path) or 0) < 64:
+            return False
+        return bool(llama_cpp.llama_memory_can_shift(llama_cpp.llama_get_memory(self.llm.ctx)))
+
+    def reuse(self, tokens: Sequence[int], *, min_run: int = 16) -> int:
+        """Context shift: make more of `tokens` a prefix of the cache. Where the cache and `tokens` part (after
+        the system message, say), look for the rest of `tokens` further on in the cache; when a run of at least
+        `min_run` tokens matches, remove the tokens before it from the cache and
+        shift the rest back (llama_memory_seq_rm + llama_memory_seq_add, as llama.cpp server's context shift and
+        cache reuse do). `generate()` then evaluates only what follows. Returns how many tokens were removed."""
+        llm = self.llm
+        n = llm.n_tokens
+        cache = llm.input_ids[:n]
+        want = np.asarray(tokens, dtype=cache.dtype)
+        keep = _common_prefix(cache, want)
+        if keep >= len(want) - 1 or keep >= n - 1 or not self.can_shift:
+            return 0
+        for found in np.flatnonzero(cache[keep + 1 :] == want[keep]):
+            shift = int(found) + 1
+            if _common_prefix(cache[keep + shift :], want[keep:]) >= min_run:
+                break
+        else:
+            return 0
+        mem = llama_cpp.llama_get_memory(llm.ctx)
+        if not llama_cpp.llama_memory_seq_rm(mem, 0, keep, keep + shift):
+            return 0
+        llama_cpp.llama_memory_seq_add(mem, 0, keep + shift, n, -shift)
+        cache[keep : n - shift] = cache[keep + shift : n].copy()
+        llm.n_tokens = n - shift
+        llm._requires_eval = True  # the logits in the context are the old last token's
+        return shift
 
     def abort(self) -> None:
         """From any thread: stop the interruptible prefill under way, if any."""
@@ -201,16 +264,40 @@ class LoadedModel:
         self.llm.eval([bos if bos != -1 else self.llm.token_eos()])
         self.llm.reset()  # type: ignore[no-untyped-call]
 
-    def prefill(self, tokens: Sequence[int]) -> None:
-        """Evaluate `tokens` so that a following `generate(tokens)` samples at once (its exact-prefix cache hit)."""
-        self.llm.reset()  # type: ignore[no-untyped-call]
-        self.llm.eval(tokens)
+    def save_sequence(self) -> SavedSequence | None:
+        """The cached tokens and their KV-cache state (llama_state_seq_get_data), for a new context of the same
+        model and KV type; None when the cache is empty."""
+        n = self.llm.n_tokens
+        if n == 0:
+            return None
+        ctx = self.llm.ctx
+        size = llama_cpp.llama_state_seq_get_size(ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        got = llama_cpp.llama_state_seq_get_data(ctx, buf, size, 0)
+        return SavedSequence(self.llm.input_ids[:n].tolist(), buf, got) if got else None
+
+    def restore_sequence(self, saved: SavedSequence) -> bool:
+        """Put a saved sequence into this context's cache (llama_state_seq_set_data); False when it does not fit
+        (the cache stays empty then)."""
+        n = len(saved.tokens)
+        if n >= self.n_ctx or not llama_cpp.llama_state_seq_set_data(self.llm.ctx, saved.data, saved.size, 0):
+            return False
+        self.llm.input_ids[:n] = saved.tokens
+        self.llm.n_tokens = n
+        self.llm._requires_eval = True  # the state holds no logits: generate() evaluates the last token again
+        return True
 
     def close(self) -> None:
         self.llm.close()
         del self.llm
         gc.collect()
         _malloc_trim()
+
+
+def _common_prefix(a: Any, b: Any) -> int:
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n
 
 
 _LOG_LOCK = threading.Lock()  # llama.cpp's log callback is process-wide

@@ -11,10 +11,13 @@ from governor.engine.chat import CompletionRequest, PromptTooLong, TextStream, f
 from governor.engine.jobs import Job, Run
 from governor.engine.model import LoadedModel
 from governor.engine.tools import conversation
+from governor.engine.window import fit_chunked
 
 
-def prepare(m: LoadedModel, job: Job) -> Run | tuple[Any, ...]:
-    """The answer's prompt in the current context, or the 400 that says why there is none."""
+def prepare(m: LoadedModel, job: Job, *, chunked: bool = True) -> Run | tuple[Any, ...]:
+    """The answer's prompt in the current context, or the 400 that says why there is none. With `chunked`, a chat
+    that outgrew the context loses old turns in large chunks, the same cut kept while it fits
+    (governor.engine.window); without, as few turns as possible go (each turn then changes the prompt's start)."""
     req = job.request
     if job.constraint.grammar is not None:
         why = m.grammar_error(job.constraint.grammar)
@@ -27,7 +30,11 @@ def prepare(m: LoadedModel, job: Job) -> Run | tuple[Any, ...]:
         return Run(job, None, req.text(), tokens, len(tokens), TextStream(req.stops()))
     messages = conversation(req, job.constraint.tools)
     try:
-        fitted = fit(m, messages, m.n_ctx, answer_room=room_for_answer(m.n_ctx, req.token_limit()))
+        room = room_for_answer(m.n_ctx, req.token_limit())
+        if chunked:
+            fitted, m.cut = fit_chunked(m, messages, m.n_ctx, answer_room=room, last=m.cut)
+        else:
+            fitted = fit(m, messages, m.n_ctx, answer_room=room)
     except PromptTooLong as exc:
         return ("error", 400, str(exc), "context_length_exceeded")
     except (ValueError, jinja2.TemplateError) as exc:  # the template's raise_exception(), e.g. role order

@@ -42,8 +42,11 @@ class Reply:
         return f',"governor":{dumps(self.governor)}' if self.governor["trimmed_messages"] else ""
 
     def _chunk(self, choice: dict[str, Any], usage: dict[str, int] | None = None) -> str:
-        extra = f',"usage":{dumps(usage)}' if usage is not None else ""
-        return f'data: {self._head},"choices":[{dumps(choice)}]{extra}{self._extra()}}}\n\n'
+        if usage is None:
+            return f'data: {self._head},"choices":[{dumps(choice)}]{self._extra()}}}\n\n'
+        # The finishing chunk (the one with usage) always says what the engine did with the prompt.
+        extra = f',"usage":{dumps(usage)},"governor":{dumps(self.governor)}'
+        return f'data: {self._head},"choices":[{dumps(choice)}]{extra}}}\n\n'
 
     def _delta(self, delta: dict[str, Any], finish: str | None = None, usage: dict[str, int] | None = None) -> str:
         return self._chunk({"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}, usage)

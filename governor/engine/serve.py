@@ -37,6 +37,7 @@ from governor.engine.config import (
     single_model,
 )
 from governor.engine.extra_buffers import ExtraBuffers, choose
+from governor.engine.window import ContextShift
 from policies.decision import KNOBS, THREADS_MAX, EngineConfig, flag_of
 from policies.ladder import ExtraBuffersMode
 from sensors.root import Root
@@ -104,6 +105,14 @@ def add_engine(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         choices=get_args(ExtraBuffersMode),
         help="llama.cpp's extra weight buffers (AMX, repack): auto = off only where the CPU reports AMX, whose "
         "llama.cpp path crashes (default: the ladder's extra_buffers, else auto)",
+    )
+    p.add_argument(
+        "--context-shift",
+        choices=get_args(ContextShift),
+        default="on",
+        help="a chat that outgrows the context: on = drop old turns in large chunks and move the kept part in the KV "
+        "cache (re-evaluate where the model cannot shift); reevaluate = the same chunks, re-evaluated; off = drop as "
+        "few turns as possible and re-evaluate every turn (the behaviour before issue 11) (default on)",
     )
     p.add_argument("--root", type=Path, default=Path("/"), metavar="DIR", help="read DIR/proc/cpuinfo (default /)")
     return p
@@ -247,7 +256,9 @@ def run(args: argparse.Namespace) -> int:
     gc.freeze()
     log.info("engine.extra_buffers", **buffers.as_dict())
     try:
-        worker = Worker(models, settings, buffers, keep_alive_s=args.keep_alive or None)
+        worker = Worker(
+            models, settings, buffers, keep_alive_s=args.keep_alive or None, context_shift=args.context_shift
+        )
     except ModelLoadError as exc:
         raise EngineError(str(exc)) from exc
     log.info(

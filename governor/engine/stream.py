@@ -108,6 +108,7 @@ async def sse(events: Events, backlog: list[Event], reply: Reply, include_usage:
                 out.append(f"data: {dumps(err)}\n\n")
                 finished = True
             elif kind == "end":
+                reply.governor.update(ev[3] if len(ev) > 3 else {})
                 out.append(reply.end(ev[1], ev[2], include_usage))
                 finished = True
         if text:

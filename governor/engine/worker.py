@@ -22,9 +22,10 @@ from governor.engine.chat import room_for_answer
 from governor.engine.config import ConfigRefused, ModelSpec, resolve
 from governor.engine.extra_buffers import ExtraBuffers, choose
 from governor.engine.jobs import ConfigJob, Counters, Job, Run, usage
-from governor.engine.model import LoadedModel, ModelLoadError
+from governor.engine.model import LoadedModel, ModelLoadError, SavedSequence
 from governor.engine.prompts import prepare, refit
 from governor.engine.slot import Slot
+from governor.engine.window import ContextShift
 from policies.decision import EngineConfig
 from sensors.root import Root
 
@@ -39,8 +40,10 @@ class Worker:
         extra_buffers: ExtraBuffers | None = None,
         *,
         keep_alive_s: float | None = None,
+        context_shift: ContextShift = "on",
     ) -> None:
         self.models = models
+        self.context_shift = context_shift
         self.settings = settings
         self.extra_buffers = extra_buffers or choose("auto", Root("/"))
         self.slot = Slot(keep_alive_s, extra_buffers=self.extra_buffers.enabled)
@@ -206,15 +209,21 @@ class Worker:
     def _generate(self, job: Job) -> tuple[Any, ...]:
         """Runs one answer, sending its events; returns the last one ("end" or "error") for the caller to send."""
         req, m = job.request, self.model
-        run = prepare(self.model, job)
+        run = prepare(self.model, job, chunked=self.context_shift != "off")
         if not isinstance(run, Run):
             self.counters.generations_failed += 1
             return run
         run.answer_from = run.n_prompt
         run.model_name = m.spec.name
+        if self._context() == "shift":
+            run.shifted = m.reuse(run.ctx_tokens)
+            if run.shifted:
+                self.counters.context_shifts_total += 1
+                self.counters.shifted_tokens_total += run.shifted
         if run.trimmed:
             self._log_trim(run, "request", run.trimmed)
         self.counters.prompt_tokens_total += run.n_prompt
+        run.evaluated_from = m.evaluated
         job.sink(("start", m.spec.name, run.n_prompt, run.trimmed))
         started = time.monotonic()
         try:
@@ -245,7 +254,22 @@ class Worker:
             self.counters.generations_cancelled += 1
         else:
             self.counters.generations_completed += 1
-        return ("end", run.finish, usage(run.n_prompt, run.n_completion))
+        info = {
+            "context": self._context(),
+            "shifted_tokens": run.shifted,
+            "prompt_tokens_evaluated": run.prompt_evaluated,
+        }
+        return ("end", run.finish, usage(run.n_prompt, run.n_completion), info)
+
+    def _context(self) -> str:
+        """How a chat that outgrew the context is handled now: "shift" (the kept part moves in the KV cache),
+        "reevaluate" (chunked trim, the kept part evaluated again: asked for, or the model cannot shift) or "trim"
+        (as few turns dropped as possible, re-evaluated each turn: `--context-shift off`)."""
+        if self.context_shift == "off":
+            return "trim"
+        if self.context_shift == "on" and self.slot.current is not None and self.slot.current.can_shift:
+            return "shift"
+        return "reevaluate"
 
     def _decode(self, run: Run) -> None:
         job, limit = run.job, run.job.request.token_limit()
@@ -261,7 +285,7 @@ class Worker:
             if (limit is not None and run.n_completion >= limit) or len(run.ctx_tokens) >= m.n_ctx:
                 run.finish = "length"
                 return
-            if run.gen is None:  # a prefill was interrupted and nothing rebuilt the generator
+            if run.gen is None:  # after a reload, or a prefill that was interrupted
                 run.gen = self._generator(run)
                 run.prefilling = True
             t0 = time.perf_counter()
@@ -270,6 +294,9 @@ class Worker:
                     with m.interruptible():
                         token = next(run.gen)
                     run.prefilling = False
+                    if run.prompt_evaluated is None:
+                        run.prompt_evaluated = m.evaluated - run.evaluated_from
+                        self.counters.prompt_tokens_evaluated_total += run.prompt_evaluated
                 else:
                     token = next(run.gen)
             except StopIteration:
@@ -366,6 +393,9 @@ class Worker:
             run.gen.close()
             run.gen = None
         previous = self.settings
+        # Same model and KV type (an n_ctx change): the cache's contents can be copied into the new context.
+        same_cache = previous.model == target.model and previous.kv_type == target.kv_type
+        saved = self.model.save_sequence() if same_cache else None
         self.slot.unload(why="config")
         try:
             self.slot.load(self.models[target.model], target, why="config", warm=run is None)
@@ -377,11 +407,21 @@ class Worker:
                 # No model at all (the old one is closed: touching it would crash): exit so the daemon restarts us.
                 log.critical("engine.no_model", error=str(exc))
                 os._exit(70)
+            self._restore(saved)
             if run is not None:
                 self._resume(run)
             raise
+        self._restore(saved)
         if run is not None:
             self._resume(run)
+
+    def _restore(self, saved: SavedSequence | None) -> None:
+        if saved is None:
+            return
+        kept = self.model.restore_sequence(saved)
+        if kept:
+            self.counters.cache_copies_total += 1
+        log.info("engine.cache_copied" if kept else "engine.cache_not_copied", tokens=len(saved.tokens))
 
     def _resume(self, run: Run) -> None:
         """Continue `run` in the new context: the same tokens when they fit, else a re-rendered, trimmed prompt."""
@@ -399,9 +439,10 @@ class Worker:
         if run.model_name != m.spec.name:
             run.model_name = m.spec.name
             run.job.sink(("model", m.spec.name))
-        m.prefill(run.ctx_tokens)
-        run.gen = self._generator(run)
-        run.prefilling = False
+        # The decode loop evaluates what the cache lacks (all of it, or after a cache copy only the last token), as
+        # an interruptible prefill: a newer change, a cancel or a shutdown stops it between batches.
+        run.gen = None
+        run.prefilling = True
 
     def _generator(self, run: Run) -> Any:
         """A generator that continues `run`: its grammar state is replayed from the answer's tokens so far."""
@@ -419,6 +460,8 @@ class Worker:
             trimmed_messages=run.trimmed,
             kept=len(run.messages or ()) - run.trimmed,
             n_ctx=self.model.n_ctx,
+            context=self._context(),
+            shifted_tokens=run.shifted,
         )
 
 

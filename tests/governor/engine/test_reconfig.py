@@ -180,6 +180,23 @@ def test_cancel_during_a_long_prefill_stops_it(engine: Engine) -> None:
     assert after["tokens_generated_total"] == before["tokens_generated_total"]  # stopped before its first token
 
 
+def test_the_reevaluation_after_a_reload_gives_way_to_a_newer_change(engine: Engine) -> None:
+    body = long_prompt_on_medium(engine)
+    assert engine.config(max_tokens_per_s=20).status_code == 200
+    thread, seen = engine.stream_in_thread(body)
+    eventually(lambda: arrived(seen, 2), timeout_s=120)
+    # Another KV type: the conversation (about 1600 tokens) must be evaluated again in the new context.
+    assert engine.config(kv_type="q8_0").json()["applied"] == "reload"
+    n = len(seen.arrivals)
+    r = engine.config(threads=2)  # arrives while that re-evaluation runs: it is stopped, the change applied
+    answered = time.monotonic()
+    assert r.json()["applied"] == "live"
+    assert r.json()["tokens_waited"] == 0
+    thread.join(120)
+    assert_complete(seen, 8)
+    assert seen.arrivals[n] > answered  # the change did not wait for the re-evaluation and the next token
+
+
 def test_config_during_a_long_prefill_does_not_wait_for_it(engine: Engine) -> None:
     body = long_prompt_on_medium(engine)
     thread, seen = engine.stream_in_thread(body)
