@@ -37,11 +37,11 @@ ROUTING_POLICY = (
 )
 
 
-def upstream_config(sock: Path, key_file: Path, **extra: Any) -> str:
+def upstream_config(sock: Path, key_file: Path, restart: str = "initial_s = 0.2", **extra: Any) -> str:
     lines = [
         "request_hold_s = 2.0",
         "[restart]",
-        "initial_s = 0.2",
+        restart,
         "[[upstream]]",
         'name = "lan"',
         'base_url = "http://upstream/v1"',
@@ -237,3 +237,28 @@ def test_an_upstream_dying_before_the_first_token_falls_back_and_after_it_ends_w
         assert SECRET not in d.log()
     finally:
         assert d.stop() == 0
+
+
+def test_an_engine_that_cannot_start_is_stood_in_for_by_the_upstream(
+    tmp_path: Path, sock_dir: Path, demo_ladder: Path, upstream: Engine, key_file: Path
+) -> None:
+    # The device's engine crashes at every load (then is given up): chat requests are answered upstream, not 503.
+    config = upstream_config(upstream.socket, key_file, restart="initial_s = 0.2\nmax_failures = 2")
+    env = {"GOVERNOR_ENGINE_FAULT": "load"}
+    d = DaemonProc(tmp_path / "d", sock_dir, demo_ladder, policy=ROUTING_POLICY, config=config, env=env)
+    try:
+        eventually(d.engine_socket.exists, timeout_s=30)
+        with public(d) as http:
+            r = chat(http)
+            assert route_of(r) == ("upstream:lan", UPSTREAM_MODEL)
+            assert r.json()["governor"]["why"].startswith("the engine")  # loading, restarting or given up
+            eventually(lambda: d.status()["supervisor"]["critical"], timeout_s=60)
+            given_up = chat(http)
+            assert route_of(given_up) == ("upstream:lan", UPSTREAM_MODEL)
+            assert "given up" in given_up.json()["governor"]["why"]
+        assert (
+            'governor_requests_total{reason="engine_unavailable",route="upstream"} 2.0'
+            in d.client.request("metrics")["text"]
+        )
+    finally:
+        d.stop()
