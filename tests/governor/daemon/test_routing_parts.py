@@ -4,6 +4,7 @@ where they ran (governor/daemon/config.py, routing.py, upstream.py)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import httpx
@@ -248,3 +249,28 @@ def test_any_body_is_read_without_failing_and_left_to_the_engine_to_judge(body: 
     info = chat_info(body)
     assert not info.local_only
     assert info.prompt_tokens >= 0
+
+
+def test_status_shows_routing_and_upstream_health_safely() -> None:
+    from rich.console import Console
+
+    from governor.daemon.render import status_table
+
+    routing = {
+        "enabled": True,
+        "off_device": True,
+        "reason": "hot: rate cap 1 tok/s < target 3 tok/s",
+        "slo": {"min_tokens_per_s": 3.0, "max_ttft_s": 2.0},
+        "upstreams": [
+            {"name": "lan", "base_url": "http://h/v1", "healthy": False, "retry_in_s": 12.0, "requests": 4,
+             "errors": 1, "last_error": "before first token: HTTP 500: [/] \x1b[2J"},
+        ],
+        "last": [{"wall": 0.0, "route": "upstream:lan", "reason": "the device cannot meet the target"}],
+    }  # fmt: skip
+    console = Console(record=True, width=200)
+    status_table({"state": "hot", "routing": routing}, console, now=0.0)
+    text = console.export_text()
+    assert "off the device (hot: rate cap 1 tok/s < target 3 tok/s); targets ≥ 3 tok/s, TTFT ≤ 2 s" in text
+    assert "http://h/v1: skipped for 12.0 s, 4 requests, 1 errors; last error before first token: HTTP 500: [/]" in text
+    assert "\x1b[2J" not in text
+    assert re.search(r"last request +upstream:lan: the device cannot meet the target", text)
