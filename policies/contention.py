@@ -68,10 +68,11 @@ class ThreadFit:
         """A core is about to count as taken: tick fast. (Giving one back waits a long dwell: no need.)"""
         return (self._want_since is not None and not self._falling) or self._probe is not None
 
-    @property
-    def contended(self) -> bool:
-        """Others hold cores or a probe runs: tokens/s now say nothing about the device alone (its power model)."""
-        return self.taken > 0 or self._probe is not None
+    def contended(self, cpu: Cpu) -> bool:
+        """Others hold cores (counted, or in this very sample: the count waits a debounce, the tokens/s do not) or a
+        probe runs: tokens/s now say nothing about the device alone (the power allocator's model)."""
+        other = cpu.other_cores
+        return self.taken > 0 or self._probe is not None or (other is not None and other >= self.cfg.take_fraction)
 
     def update(self, cpu: Cpu, engine: EngineObservation | None, rate_capped: bool, t: float) -> None:
         self._cpu = cpu

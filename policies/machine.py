@@ -137,7 +137,9 @@ class StateMachine:
         pin = min(pins, key=RANK.__getitem__) if pins else None
         label = self.state if (pin is None or self.state in MITIGATING) else pin
         prev = self.last.engine if self.last is not None else None
-        if prev is not None and not self._fit_threads.contended:  # the device model is of the device alone
+        if prev is not None and not self._fit_threads.contended(
+            snapshot.cpu
+        ):  # the device model is of the device alone
             rate_cap, freq = prev.max_tokens_per_s, snapshot.cpu.freq_ratio
             self.power.observe(prev.threads, rate_cap, freq, engine, battery=sense.battery, on_power=sense.on_power)
         self.power.choice, self._cpus = None, snapshot.cpu.count
