@@ -152,28 +152,37 @@ class ProxyApp:
         route = router.choose(info, self.gate.availability())
         router.routed(route, stream=info.stream)
         began = asyncio.get_running_loop().time()
-        for _ in range(2):  # at most: local (queue full), then upstream (failing), then local once more
+        tried: set[str] = set()
+        while True:  # each upstream once at most, then the device; local at most twice (a 429 queue_full first)
             if route.upstream is not None:
-                fallback = await self._upstream(route, path, info, send, began)
-                if fallback is None:
+                tried.add(route.upstream.name)
+                why = await self._upstream(route, path, info, send, began)
+                if why is None:
                     sent.set()
                     return
-                route = fallback
+                following = router.first_healthy(skip=tried)
+                if following is not None:
+                    route = Route(following, route.kind, f"{why}; trying upstream {following.name}: {route.reason}")
+                else:
+                    route = Route(None, "fallback", f"{why}; answered on the device")
                 router.routed(route, stream=info.stream)
-            spill = route.kind == "meets" and router.first_healthy() is not None
+                if following is not None:
+                    continue
+            spill = route.kind == "meets" and router.first_healthy(skip=tried) is not None
             marks = {"route": route.label, "why": route.reason}
             try:
                 await self._exchange(request, True, send, sent, marks=marks, info=info, spill=spill)
             except _QueueFull:
-                route = Route(router.first_healthy(), "queue_full", "the engine answered that its queue is full")
+                upstream = router.first_healthy(skip=tried)
+                route = Route(upstream, "queue_full", "the engine answered that its queue is full")
                 router.routed(route, stream=info.stream)
                 continue
             router.answered(route, ttft_s=None, total_s=asyncio.get_running_loop().time() - began)
             return
 
-    async def _upstream(self, route: Route, path: str, info: ChatInfo, send: Send, began: float) -> Route | None:
-        """Relay the request from `route`'s upstream; None once done, else the route back to the device (the
-        upstream failed before its first token: nothing was sent)."""
+    async def _upstream(self, route: Route, path: str, info: ChatInfo, send: Send, began: float) -> str | None:
+        """Relay the request from `route`'s upstream; None once done, else how it failed before its first token
+        (nothing was sent)."""
         assert self.router is not None
         assert route.upstream is not None
         router, link = self.router, route.upstream
@@ -192,8 +201,7 @@ class ProxyApp:
             )
         except routed.UpstreamFailed as exc:
             router.failed(link, phase="before_first_token", error=str(exc))
-            why = f"upstream {link.name} failed before the first token ({link.scrub(str(exc))[:200]})"
-            return Route(None, "fallback", f"{why}; answered on the device")
+            return f"upstream {link.name} failed before the first token ({link.scrub(str(exc))[:200]})"
         router.answered(route, ttft_s=first[0] - began if first else None, total_s=loop.time() - began)
         return None
 

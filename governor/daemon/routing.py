@@ -237,9 +237,9 @@ class Router:
             return Route(None, "no_upstream", f"{why}; no healthy upstream, so on the device")
         return Route(upstream, kind, why)
 
-    def first_healthy(self) -> UpstreamLink | None:
+    def first_healthy(self, skip: set[str] | frozenset[str] = frozenset()) -> UpstreamLink | None:
         now = self._monotonic()
-        return next((u for u in self.upstreams if u.healthy(now)), None)
+        return next((u for u in self.upstreams if u.healthy(now) and u.name not in skip), None)
 
     def engine_busy(self) -> bool:
         status = self._engine_status() or {}

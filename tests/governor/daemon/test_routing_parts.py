@@ -274,3 +274,42 @@ def test_status_shows_routing_and_upstream_health_safely() -> None:
     assert "http://h/v1: skipped for 12.0 s, 4 requests, 1 errors; last error before first token: HTTP 500: [/]" in text
     assert "\x1b[2J" not in text
     assert re.search(r"last request +upstream:lan: the device cannot meet the target", text)
+
+
+def test_an_upstream_failing_before_its_first_token_hands_the_request_to_the_next_one(tmp_path: Path) -> None:
+    engine = ScriptedEngine(tmp_path / "e-child.sock")  # never asked: the engine is down
+    broken = ScriptedEngine(tmp_path / "a.sock")
+    broken.parts = [b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\n\r\noops"]
+    answer = b'{"model": "big", "choices": [{"message": {"content": "Paris"}}]}'
+    good = ScriptedEngine(tmp_path / "b.sock")
+    good.parts = [
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(answer), answer)
+    ]
+    text = "".join(
+        f'[[upstream]]\nname = "{n}"\nbase_url = "http://{n}/v1"\nsocket = "{p}"\norder = {o}\n'
+        for n, p, o in (("a", broken.path, 0), ("b", good.path, 1))
+    )
+    router = build_router(load_config(config(tmp_path, text)).upstream, {}, policy=lambda: None, engine_status=dict)
+
+    class Down(Gate):
+        def availability(self) -> Availability:
+            return Availability(ready=False, given_up=True, reason="the engine was given up", retry_after_s=60)
+
+    proxy = ProxyServer(tmp_path / "e.sock", engine.path, Down(), hold_s=1.0, drain_s=1, router=router)
+    proxy.start()
+    try:
+        transport = httpx.HTTPTransport(uds=str(tmp_path / "e.sock"))
+        with httpx.Client(transport=transport, base_url="http://engine", timeout=10) as http:
+            r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200
+        assert r.headers["x-governor-route"] == "upstream:b"
+        why = r.json()["governor"]["why"]
+        assert why.startswith("upstream a failed before the first token (HTTP 500: oops); trying upstream b: ")
+        assert [(u["name"], u["errors"], u["requests"]) for u in router.status()["upstreams"]] == [
+            ("a", 1, 1),
+            ("b", 0, 1),
+        ]
+    finally:
+        proxy.close(5.0)
+        for server in (engine, broken, good):
+            server.close()
