@@ -114,9 +114,11 @@ class SensorSampler:
         self.rediscover_s = rediscover_s
         # Power supplies are read at most this often (0: every sample). Fuel gauges update every few seconds and a
         # charger plugged or pulled is a uevent (a rediscovery, so a fresh read); at the 0.25 s mitigating tick the
-        # ~10 battery files were 16 % of the daemon's tick (issue 16).
+        # ~10 battery files were a quarter of the daemon's tick (issue 16). A power_supply uevent (supply_changed())
+        # makes the next sample read them again.
         self.battery_max_age_s = battery_max_age_s
-        self._battery: tuple[Inventory, float, Battery | None, list[Problem]] | None = None
+        self._battery: tuple[Inventory, int, float, Battery | None, list[Problem]] | None = None
+        self._supply_events = 0
         self._monotonic = monotonic
         self._stuck = StuckDetector(stuck_samples)
         self._inventory: Inventory | None = None
@@ -130,14 +132,19 @@ class SensorSampler:
         """Rediscover before the next sample (a udev event said devices came or went)."""
         self._inventory = None
 
+    def supply_changed(self) -> None:
+        """A power_supply uevent (a charger pulled, a battery's status): read the supplies at the next sample. From
+        any thread: a reading taken while the event arrived is not reused."""
+        self._supply_events += 1
+
     def _read_battery(self, reader: Reader, inv: Inventory, now: float) -> Battery | None:
-        last = self._battery
-        if last is not None and last[0] is inv and now - last[1] < self.battery_max_age_s:
-            reader.problems.extend(last[3])
-            return last[2]
+        last, events = self._battery, self._supply_events
+        if last is not None and last[:2] == (inv, events) and now - last[2] < self.battery_max_age_s:
+            reader.problems.extend(last[4])
+            return last[3]
         before = len(reader.problems)
         battery = read_battery(reader, list(inv.supplies))
-        self._battery = (inv, now, battery, reader.problems[before:])
+        self._battery = (inv, events, now, battery, reader.problems[before:])
         return battery
 
     def _discover(self, reader: Reader, now: float) -> Inventory:

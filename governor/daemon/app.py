@@ -100,6 +100,10 @@ def uevent_handler(sensors: object, wake: threading.Event) -> Callable[[UdevEven
             invalidate = getattr(sensors, "invalidate", None)  # a supply or zone came or went: rediscover
             if invalidate is not None:
                 invalidate()
+        if event.subsystem == "power_supply":  # e.g. the charger pulled: read the supplies now, not the last reading
+            changed = getattr(sensors, "supply_changed", None)
+            if changed is not None:
+                changed()
         wake.set()
 
     return on_uevent

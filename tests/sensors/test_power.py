@@ -144,8 +144,11 @@ def test_a_fast_tick_reads_the_battery_at_most_every_battery_max_age_s(tree: Fak
     now[0] += 0.5
     assert percent() == 79.0  # a second after the read: read again
     tree.write("sys/class/power_supply/BAT0/capacity", 78)
-    sampler.invalidate()  # a power_supply uevent
+    sampler.invalidate()  # a supply came or went: rediscovered
     assert percent() == 78.0  # at once
+    tree.write("sys/class/power_supply/BAT0/capacity", 77)
+    sampler.supply_changed()  # a power_supply "change" uevent
+    assert percent() == 77.0  # at once
 
 
 def test_a_battery_problem_stays_reported_while_the_reading_is_reused(tree: FakeTree) -> None:

@@ -46,6 +46,24 @@ def test_a_uevent_wakes_the_loop_and_a_new_supply_is_discovered(tmp_path: Path) 
     assert battery.plugged is True  # rediscovered at once, not after the 30 s rediscovery period
 
 
+def test_a_power_supply_change_uevent_makes_the_woken_tick_read_the_supply(tmp_path: Path) -> None:
+    tree = FakeTree(tmp_path)
+    tree.battery(status="Charging", capacity=50)
+    tree.mains(online=1)
+    sampler = SensorSampler(tmp_path, cpu_util=None, battery_max_age_s=3600.0)  # the daemon's cap, made long
+    battery = sampler.sample().battery
+    assert battery is not None
+    assert battery.plugged is True
+    tree.write("sys/class/power_supply/AC/online", 0)  # the charger pulled: the kernel sends a "change" uevent
+    tree.write("sys/class/power_supply/BAT0/status", "Discharging")
+    wake = threading.Event()
+    uevent_handler(sampler, wake)(UdevEvent(action="change", subsystem="power_supply", name="AC"))
+    assert wake.is_set()
+    battery = sampler.sample().battery
+    assert battery is not None
+    assert battery.plugged is False
+
+
 def test_metrics_text_and_textfile(tmp_path: Path) -> None:
     textfile = tmp_path / "node/governor.prom"
     metrics = DaemonMetrics(textfile=textfile, extra=lambda: {"engine_starts": 2.0})
