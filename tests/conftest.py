@@ -10,8 +10,14 @@ from pathlib import Path
 
 import pytest
 import structlog
+from hypothesis import HealthCheck, settings
 
 from governor import logs
+
+# Property tests judge behaviour, never speed: no per-example deadline and no "too slow" health check, which a shared
+# CI machine's load would turn into failures (tests/lab/test_thermal.py's property failed once so at load 9).
+settings.register_profile("governor", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("governor")
 
 NATIVE = "llama_cpp"
 NATIVE_HELP = "native llama.cpp code runs in child processes (tests/native.py in_child, or an engine process)"

@@ -6,7 +6,7 @@ import copy
 import itertools
 from pathlib import Path
 
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from policies import StateMachine
@@ -60,7 +60,7 @@ def _battery_step(percent: float, plugged: bool, dt: float) -> Step:
             "available_mb": 4000.0}  # fmt: skip
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150)
 @given(traces)
 @example([_battery_step(15.0, False, 1.0)] * 4 + [_battery_step(15.0, True, 1.5)] * 6)  # unplug, plug back quickly
 def test_no_transition_sooner_than_the_dwell(trace: list[Step]) -> None:
@@ -95,7 +95,7 @@ def check_monotone(
 temps = st.tuples(st.floats(20.0, 110.0), st.floats(20.0, 110.0)).map(sorted)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150)
 @given(traces, step, temps)
 def test_a_hotter_reading_never_gives_more_threads_or_context(trace: list[Step], last: Step, pair: list[float]) -> None:
     cool, hot = check_monotone(StateMachine(POLICY), trace, last, pair[0], pair[1])
@@ -120,7 +120,7 @@ FOOTPRINTS = {"big": footprint(1500, 24), "mid": footprint(600, 16), "tiny": foo
 TIER = {t.name: i for i, t in enumerate(LADDER.tiers)}
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100)
 @given(traces, step, temps)
 def test_with_memory_fit_hotter_never_gives_a_bigger_tier_or_context_on_one_tier(
     trace: list[Step], last: Step, pair: list[float]
@@ -139,7 +139,7 @@ def count_changes(decisions: list[Decision]) -> int:
 noise = st.lists(st.tuples(st.floats(0.1, 2.0), st.floats(-1.0, 1.0)), min_size=10, max_size=150)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150)
 @given(noise, st.floats(0.0, 0.95))
 def test_noise_around_the_hot_threshold_does_not_flap(samples: list[tuple[float, float]], scale: float) -> None:
     policy: Policy = POLICY
@@ -155,7 +155,7 @@ def test_noise_around_the_hot_threshold_does_not_flap(samples: list[tuple[float,
         assert all(hot[hot.index(True) :])
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150)
 @given(noise, st.floats(0.0, 0.95))
 def test_battery_noise_around_the_low_threshold_does_not_flap(samples: list[tuple[float, float]], scale: float) -> None:
     bat = POLICY.battery
@@ -170,7 +170,7 @@ def test_battery_noise_around_the_low_threshold_does_not_flap(samples: list[tupl
         assert all(low[low.index(True) :])
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150)
 @given(noise, st.floats(0.0, 0.95))
 def test_noise_around_the_hot_exit_does_not_flap(samples: list[tuple[float, float]], scale: float) -> None:
     amplitude = scale * POLICY.thermal.hysteresis_c / 2
@@ -187,7 +187,7 @@ def test_noise_around_the_hot_exit_does_not_flap(samples: list[tuple[float, floa
     assert count_changes(out) <= 1  # leaves hot at most once, never comes back
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=50)
 @given(traces)
 def test_same_inputs_same_decisions(trace: list[Step]) -> None:
     first, _ = play(StateMachine(POLICY), trace)

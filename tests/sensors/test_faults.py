@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import structlog
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sensors.root import Root
@@ -184,7 +184,7 @@ _garbage = st.one_of(
 )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25)
 @given(contents=st.lists(_garbage, min_size=40, max_size=40))
 def test_any_file_content_gives_a_snapshot_never_an_exception(contents: list[bytes | str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
