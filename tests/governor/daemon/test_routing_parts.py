@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -20,6 +21,15 @@ from tests.governor.daemon.test_proxy import SSE_HEAD, Gate, ScriptedEngine, chu
 from tests.policies.conftest import make_policy
 
 READY = Availability(True, False, "", 0)
+
+
+HI = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+def post_chat(sock: Path, body: dict[str, Any]) -> httpx.Response:
+    """One chat request through the proxy's public socket, as a client would send it."""
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://engine", timeout=10) as http:
+        return http.post("/v1/chat/completions", json=body)
 
 
 def config(tmp_path: Path, text: str) -> Path:
@@ -170,11 +180,9 @@ def test_every_chat_answer_says_where_it_ran_even_with_routing_off(tmp_path: Pat
     proxy = ProxyServer(tmp_path / "e.sock", engine.path, Gate(), hold_s=1.0, drain_s=1)
     proxy.start()
     try:
-        transport = httpx.HTTPTransport(uds=str(tmp_path / "e.sock"))
-        with httpx.Client(transport=transport, base_url="http://engine", timeout=10) as http:
-            r = http.post("/v1/chat/completions", json={"messages": [], "governor": {"local_only": True}})
-            assert r.headers["x-governor-route"] == "local"
-            assert "governor" not in r.text  # routing off: the engine's answer unchanged
+        r = post_chat(tmp_path / "e.sock", {"messages": [], "governor": {"local_only": True}})
+        assert r.headers["x-governor-route"] == "local"
+        assert "governor" not in r.text  # routing off: the engine's answer unchanged
     finally:
         proxy.close(5.0)
         engine.close()
@@ -199,18 +207,13 @@ def test_an_engine_answering_queue_full_hands_the_request_to_the_upstream(tmp_pa
     proxy = ProxyServer(tmp_path / "e.sock", engine.path, Gate(), hold_s=1.0, drain_s=1, router=router)
     proxy.start()
     try:
-        transport = httpx.HTTPTransport(uds=str(tmp_path / "e.sock"))
-        with httpx.Client(transport=transport, base_url="http://engine", timeout=10) as http:
-            r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
-            assert r.status_code == 200
-            assert r.headers["x-governor-route"] == "upstream:lan"
-            assert r.json()["governor"] == {
-                "route": "upstream:lan",
-                "why": "the engine answered that its queue is full",
-            }
-            local = http.post("/v1/chat/completions", json={"messages": [], "governor": {"local_only": True}})
-            assert local.status_code == 429  # may not leave the device: the engine's answer as it is
-            assert local.headers["x-governor-route"] == "local"
+        r = post_chat(tmp_path / "e.sock", HI)
+        assert r.status_code == 200
+        assert r.headers["x-governor-route"] == "upstream:lan"
+        assert r.json()["governor"] == {"route": "upstream:lan", "why": "the engine answered that its queue is full"}
+        local = post_chat(tmp_path / "e.sock", {"messages": [], "governor": {"local_only": True}})
+        assert local.status_code == 429  # may not leave the device: the engine's answer as it is
+        assert local.headers["x-governor-route"] == "local"
         assert [r["kind"] for r in router.recent(10)] == ["meets", "queue_full", "local_only"]
     finally:
         proxy.close(5.0)
@@ -298,9 +301,7 @@ def test_an_upstream_failing_before_its_first_token_hands_the_request_to_the_nex
     proxy = ProxyServer(tmp_path / "e.sock", engine.path, Down(), hold_s=1.0, drain_s=1, router=router)
     proxy.start()
     try:
-        transport = httpx.HTTPTransport(uds=str(tmp_path / "e.sock"))
-        with httpx.Client(transport=transport, base_url="http://engine", timeout=10) as http:
-            r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        r = post_chat(tmp_path / "e.sock", HI)
         assert r.status_code == 200
         assert r.headers["x-governor-route"] == "upstream:b"
         why = r.json()["governor"]["why"]
