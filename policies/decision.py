@@ -158,6 +158,8 @@ class HoldAsk(BaseModel):
     state: State | None = Field(default=None, strict=False)  # e.g. "idle" for "performance for this chat"
     max_threads: Threads | None = None
     max_tokens_per_s: TokensPerS | None = None
+    max_tier: ModelName | None = None  # no larger model than this ladder tier (the supervisor's after a memory kill)
+    max_ctx: Ctx | None = None
 
     def asks(self) -> dict[str, object]:
         return {k: v for k, v in self.model_dump(include=set(HoldAsk.model_fields)).items() if v is not None}

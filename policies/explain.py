@@ -39,6 +39,7 @@ class Tick:
     choice: Choice | None = None  # the power allocator's pick in hot / critical
     contention: ThreadsNote | None = None  # contention lowered the threads this tick
     load: Mapping[str, float | None] | None = None  # its readings
+    sized_by: tuple[str, ...] = ()  # owners of the holds whose max_tier / max_ctx the config sits at
 
 
 def _why_on(k: Tick, state: State) -> tuple[str, str]:
@@ -46,6 +47,8 @@ def _why_on(k: Tick, state: State) -> tuple[str, str]:
     v, pol = k.sense.view, k.policy
     pct = k.sense.battery.percent if k.sense.battery is not None else None
     if state == State.CRITICAL:
+        if k.sense.given_up is not None:
+            return "supervisor.given_up", k.sense.given_up
         if k.sense.crit_thermal and v.temp_c is not None:
             return "thermal.critical", f"{v.zone} {v.temp_c:.1f} °C ≥ critical {_n(v.critical_c)} °C"
         if k.sense.crit_battery and pct is not None:
@@ -194,6 +197,7 @@ def explain(k: Tick) -> tuple[str, str, Readings]:
     changes = _changes(k.prev, k.config, always=k.state == State.HOT)
     if changes:
         clauses.append(changes)
+    clauses += [f"capped at {k.config.model}/n_ctx {k.config.n_ctx} ({owner})" for owner in k.sized_by]
     if k.choice is not None:
         clauses.append(_allocation(k.choice))
     if k.contention is not None:

@@ -148,6 +148,7 @@ class StateMachine:
         active = self._in_force(pin, sense, prev, t)
         caps = [h.max_threads for h in live if h.max_threads is not None]
         rate_caps = [h.max_tokens_per_s for h in live if h.max_tokens_per_s is not None]
+        sizing = [h for h in live if h.max_tier is not None or h.max_ctx is not None]  # e.g. after a memory kill
         # Never more threads than online CPUs: llama.cpp's threads wait for each other at every step, so an
         # oversubscribed core slows them all (a 4-thread profile on a 2-core box). Unknown count: no cap.
         cpus = [snapshot.cpu.count] if snapshot.cpu.count else []
@@ -158,9 +159,12 @@ class StateMachine:
         rate = min(rates) if rates else None
         threads, rate = self._recover(threads, rate, prev, t)
         freq = self.power.freq_now(t, self.policy.timing.recover_step_s)
-        n_ctx = min(lim.n_ctx for lim in active)
+        n_ctx = min([lim.n_ctx for lim in active] + [h.max_ctx for h in sizing if h.max_ctx is not None])
         kv: KvType = KV_ORDER[max(lim.kv_rank for lim in active)]
-        model, n_ctx, kv, fitted = self._fit(active, n_ctx=n_ctx, kv=kv, sense=sense, engine=engine, prev=prev, t=t)
+        tiers = [h.max_tier for h in sizing if h.max_tier is not None]
+        model, n_ctx, kv, fitted = self._fit(
+            active, n_ctx=n_ctx, kv=kv, sense=sense, engine=engine, prev=prev, t=t, max_tiers=tiers
+        )
         config = EngineConfig.model_construct(
             threads=threads, n_ctx=n_ctx, kv_type=kv, model=model, max_tokens_per_s=rate
         )  # values come from validated profiles and holds: re-validating per tick would cost more than the tick
@@ -168,8 +172,9 @@ class StateMachine:
         tick = Tick(
             t=t, policy=self.policy, sense=sense, previous_state=previous_state, state=self.state, label=label,
             desired=desired, held_for_s=held_for, prev=prev, config=config, pi_u=self._pi_u, fit=fitted,
-            ramping=self._ramping, engine=engine, capped=bool(caps or rate_caps), choice=self.power.choice,
+            ramping=self._ramping, engine=engine, capped=bool(caps or rate_caps or sizing), choice=self.power.choice,
             contention=contention, load=self._fit_threads.readings(),
+            sized_by=tuple(h.owner for h in sizing if model == h.max_tier or n_ctx == h.max_ctx),
         )  # fmt: skip
         self._calm = self._is_calm(sense, engine, label)
         rule, reason, readings = explain(tick)
@@ -229,14 +234,17 @@ class StateMachine:
         act = pol.activity
         sus_raw = busy >= (act.exit_fraction if trig[State.SUSTAINED].on else act.enter_fraction)
 
-        trig[State.CRITICAL].update(crit_thermal or crit_battery or crit_memory, t)
+        given_up = engine.given_up if engine is not None else None
+        if given_up is not None:  # a fact the supervisor states, not a noisy reading: no debounce
+            trig[State.CRITICAL].on, trig[State.CRITICAL].since = True, None
+        trig[State.CRITICAL].update(crit_thermal or crit_battery or crit_memory or given_up is not None, t)
         trig[State.HOT].update(hot_raw, t)
         trig[State.LOW_BATTERY].update(low_raw, t)
         trig[State.SUSTAINED].update(sus_raw, t)
         return Sense(
             view=view, forecast_c=forecast, busy=busy, battery=battery, on_power=on_power, available=available,
             psi=psi, pressure=pressure, crit_thermal=crit_thermal, crit_battery=crit_battery, crit_memory=crit_memory,
-            cpu_throttled=snapshot.cpu.throttled, untrusted=untrusted,
+            cpu_throttled=snapshot.cpu.throttled, untrusted=untrusted, given_up=given_up,
         )  # fmt: skip
 
     def _gate(self, desired: State, t: float) -> float:
@@ -374,8 +382,9 @@ class StateMachine:
         engine: EngineObservation | None,
         prev: EngineConfig | None,
         t: float,
+        max_tiers: Sequence[str] = (),
     ) -> tuple[str, int, KvType, Fit | None]:
-        """Model tier, context and KV type: the largest the profiles allow that fits the memory budget."""
+        """Model tier, context and KV type: the largest the profiles and holds allow that fits the memory budget."""
         pressure, available = sense.pressure, sense.available
         mem = self.policy.memory
         if self.ladder is None:
@@ -392,7 +401,8 @@ class StateMachine:
                 n_ctx = min(n_ctx, int(self._pressure_cap))
             return model, n_ctx, kv, None
 
-        start = max(self._tier_index[lim.state] for lim in active)
+        names = [tier.name for tier in self.ladder.tiers]  # a tier the ladder does not have limits nothing
+        start = max([self._tier_index[lim.state] for lim in active] + [names.index(n) for n in max_tiers if n in names])
         tiers = self.ladder.tiers[start:]
         candidates = [
             Candidate(tier.name, self.footprints[tier.name], tier.n_ctx, tier.flash_attn)

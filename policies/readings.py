@@ -45,6 +45,7 @@ class Sense:
     crit_memory: bool
     cpu_throttled: bool | None = None  # the kernel or firmware is already holding the clock down
     untrusted: bool = False  # no trustworthy temperature for longer than the grace: hot limits apply
+    given_up: str | None = None  # the engine was given up (EngineObservation.given_up): critical, and why
 
 
 class ZoneFilter:

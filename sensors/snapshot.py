@@ -88,6 +88,7 @@ class EngineObservation(Frozen):
     rss_bytes: int | None = None
     loaded: bool | None = None  # False: the engine unloaded its model after --keep-alive idle seconds
     threads: int | None = None  # the threads the engine runs with now (what tokens_per_s was measured at)
+    given_up: str | None = None  # the daemon's supervisor gave the engine up after repeated failures: why
 
 
 class TraceRecord(Snapshot):

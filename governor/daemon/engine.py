@@ -118,9 +118,8 @@ class SupervisedEngine:
             if config is None or not self.supervisor.ready:
                 self._in_flight = False
                 continue  # a (re)starting engine gets the latest desired config once it is ready
-            capped = self.supervisor.capped(config)
             try:
-                self.link.apply(capped)
+                self.link.apply(config)
             except (GovernorError, OSError) as exc:  # refused or unreachable: the next decision or restart retries
                 self._log.warning("engine did not take the config", error=str(exc), **config.model_dump())
             finally:
@@ -133,7 +132,7 @@ class SupervisedEngine:
         with self._cond:
             if desired is None or self._in_flight or self._next is not None or self._stopping:
                 return
-            ours = self.supervisor.capped(desired)
+            ours = desired
             drift = {k: [running.get(k), v] for k, v in ours.model_dump().items() if running.get(k) != v}
             if not drift:
                 return

@@ -5,9 +5,10 @@ A crash (a crash signal or a non-zero exit) during load or in the first decode i
 time: first the engine's extra buffer types off (llama.cpp's AMX/repack paths, the usual native crash), then one
 step down the ladder, and so on until `max_failures`. `governor.daemon.crashes` words it.
 
-Supervision feeds the decision through `SupervisedDecider`, a wrapper around the policy core: after a memory kill or
-a crash it caps the model tier / context one step below what died (until a reload), and after repeated failures it
-turns the decision into `critical` with the reason. The policy itself stays pure and unaware of processes.
+Supervision feeds the policy through `SupervisedDecider`, which adds inputs and never rewrites a decision: after a
+memory kill or a crash a hold of its own caps the model tier / context one step below what died (until a reload), and
+after repeated failures the engine's observation says it was given up (the policy goes critical and says why). So the
+decision and its reason are what the engine runs. The policy itself stays pure and unaware of processes.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from governor.daemon.crashes import (
     read_kernel_log,
 )
 from governor.loop import Decider
-from policies.decision import Decision, EngineConfig, Hold, State
+from policies.decision import Decision, EngineConfig, Hold
 from policies.ladder import ModelLadder
 from sensors.snapshot import EngineObservation, Snapshot
 
@@ -154,6 +155,7 @@ class EngineSupervisor:
         self.ladder, self.restart, self.clock = ladder, restart, clock
         self._latest_snapshot, self._on_change, self._kernel_log = latest_snapshot, on_change, kernel_log
         self._lock = threading.Lock()
+        self._wanted = threading.Condition(self._lock)  # a new desired config
         self._stop = threading.Event()
         self._retry = threading.Event()
         self._resume = threading.Event()  # set when the wait for memory ends (or the daemon stops)
@@ -171,6 +173,7 @@ class EngineSupervisor:
     def want(self, config: EngineConfig) -> None:
         with self._lock:
             self.desired = config
+            self._wanted.notify_all()
             start = self._thread is None and not self._stop.is_set()
             if start:
                 self._thread = threading.Thread(target=self._supervise, name="engine-supervisor", daemon=True)
@@ -201,6 +204,7 @@ class EngineSupervisor:
             st = self.status
             st.failures, st.critical, st.cap, st.crashes, st.tried, st.extra_buffers = 0, None, None, None, [], None
             self._crashes = []
+        self._on_change()  # the policy decides again without the cap (the restart takes what it decides)
         self._retry.set()
 
     # -- the supervising thread -----------------------------------------------------------------------------------
@@ -217,14 +221,13 @@ class EngineSupervisor:
 
     def _supervise_once(self) -> bool:
         """Start the engine, watch it until it exits; False when there is nothing (more) to supervise."""
-        config = self.desired
+        config = self._allowed_desired()
         if config is None:
             return False
         if self.status.waiting is not None:
             self._resume.wait(self.restart.probe_interval_s)
             self._resume.clear()
             return True
-        config = self.capped(config)
         argv = list(self._command(config, self.status.extra_buffers))
         started = self.clock.now()
         try:
@@ -272,6 +275,25 @@ class EngineSupervisor:
         self._after_exit(returncode, proc.pid, lived_s, config, how=hung, phase=phase, stderr=tail.last())
         return True
 
+    def _allowed_desired(self) -> EngineConfig | None:
+        """The desired config, once it is within the cap (after a memory kill or a crash the policy honours the cap
+        hold at its next tick, which `on_change` asked for); None when there is none or the daemon stops."""
+        with self._lock:
+            while not self._stop.is_set():
+                config = self.desired
+                if config is None or self._allows(config):
+                    return config
+                self._wanted.wait(1.0)
+        return None
+
+    def _allows(self, config: EngineConfig) -> bool:
+        cap = self.status.cap
+        if cap is None:
+            return True
+        names = [t.name for t in self.ladder.tiers]
+        smaller = config.model not in names or names.index(config.model) >= names.index(cap.model)
+        return smaller and config.n_ctx <= cap.n_ctx
+
     def _watch(self, proc: subprocess.Popen[bytes]) -> tuple[int, str | None]:
         """Wait for the child to exit; kill it once it has not answered a probe for `hang_s` (e.g. SIGSTOPped)."""
         silent_since: float | None = None
@@ -318,7 +340,7 @@ class EngineSupervisor:
                 desired = self.desired
                 if desired is not None:
                     try:
-                        self._configure(self.capped(desired))  # what the loop decided while the engine was loading
+                        self._configure(desired)  # what the loop decided while the engine was loading
                     except (GovernorError, OSError) as exc:
                         self._log.warning("engine did not take the config", error=str(exc))
                 self._log.info("engine ready", pid=proc.pid)
@@ -462,16 +484,12 @@ class EngineSupervisor:
             return self._exits.get(start)
 
     # -- for the decision ---------------------------------------------------------------------------------------
-    def capped(self, config: EngineConfig) -> EngineConfig:
+    def caps(self) -> tuple[Hold, ...]:
+        """The supervisor's word as the policy's input: its cap on the model tier and context, while there is one."""
         cap = self.status.cap
         if cap is None:
-            return config
-        names = [t.name for t in self.ladder.tiers]
-        model = config.model
-        if model in names and names.index(model) < names.index(cap.model):
-            model = cap.model
-        n_ctx = min(config.n_ctx, cap.n_ctx, self.ladder.get(model).n_ctx)
-        return config.model_copy(update={"model": model, "n_ctx": n_ctx})
+            return ()
+        return (Hold(owner=cap.reason[:200], max_tier=cap.model, max_ctx=cap.n_ctx),)
 
     @property
     def pid(self) -> int | None:
@@ -501,7 +519,7 @@ class EngineSupervisor:
 
 
 class SupervisedDecider:
-    """The policy core, with the supervisor's word on top: a memory cap, or `critical` when the engine is given up."""
+    """The policy core, fed what the supervisor knows: its cap as a hold, a given-up engine on the observation."""
 
     def __init__(self, inner: Decider, supervisor: EngineSupervisor) -> None:
         self.inner = inner  # swapped on reload
@@ -510,25 +528,12 @@ class SupervisedDecider:
     def decide(
         self, snapshot: Snapshot, engine: EngineObservation | None, t: float, holds: Sequence[Hold] = ()
     ) -> Decision:
-        decision = self.inner.decide(snapshot, engine, t, holds)
+        critical = self.supervisor.status.critical
+        if critical is not None:
+            given_up = {"given_up": critical}
+            engine = EngineObservation(busy=False, **given_up) if engine is None else engine.model_copy(update=given_up)
+        decision = self.inner.decide(snapshot, engine, t, (*holds, *self.supervisor.caps()))
         self.supervisor.hold(decision.engine_wait)
-        status = self.supervisor.status
-        if status.critical is not None:
-            return decision.model_copy(
-                update={
-                    "state": State.CRITICAL,
-                    "rule": "supervisor.given_up",
-                    "reason": f"critical: {status.critical}",
-                }
-            )
-        capped = self.supervisor.capped(decision.engine)
-        if capped != decision.engine and status.cap is not None:
-            return decision.model_copy(
-                update={
-                    "engine": capped,
-                    "reason": f"{decision.reason}; capped at {capped.model}/n_ctx {capped.n_ctx} ({status.cap.reason})",
-                }
-            )
         return decision
 
     def interval_s(self, decision: Decision) -> float:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 from policies import StateMachine
 from policies.decision import Hold, State
+from policies.ladder import ModelLadder, ModelTier
 from policies.schema import Policy
 from sensors.snapshot import Cpu, EngineObservation, Snapshot, Temperature
 from tests.policies.builders import BUSY, IDLE, run, snap, states
@@ -252,6 +254,33 @@ def test_caps_always_apply_and_expired_holds_do_not(policy: Policy) -> None:
     assert decisions[-1].engine.max_tokens_per_s == 3.0
     later = run(gov, [snap()] * 8, t0=4, holds=holds, engine=IDLE)
     assert later[-1].engine.threads == 2
+
+
+def test_a_hold_caps_the_model_tier_and_context_and_the_reason_names_it(policy: Policy) -> None:
+    """The daemon's supervisor caps the engine after a memory kill with such a hold: the decision is what runs."""
+    ladder = ModelLadder(
+        tier=tuple(ModelTier(name=n, path=Path(f"{n}.gguf"), n_ctx=4096) for n in ("large", "medium", "small"))
+    )
+    gov = StateMachine(policy, ladder=ladder)
+    free = gov.decide(snap(), IDLE, 0.0)
+    assert (free.engine.model, "capped" in free.reason) == ("large", False)
+    cap = Hold(owner="SIGKILL under memory pressure: large/4096", max_tier="medium", max_ctx=1024)
+    capped = gov.decide(snap(), IDLE, 1.0, (cap,))
+    assert (capped.engine.model, capped.engine.n_ctx) == ("medium", 1024)
+    assert capped.rule == "hold.cap"
+    assert "capped at medium/n_ctx 1024 (SIGKILL under memory pressure: large/4096)" in capped.reason
+    assert gov.decide(snap(), IDLE, 2.0, (cap.model_copy(update={"max_tier": "large"}),)).engine.model == "large"
+    assert gov.decide(snap(), IDLE, 3.0, (Hold(owner="x", max_tier="huge"),)).engine.model == "large"  # no such tier
+
+
+def test_an_engine_given_up_is_critical_at_once_and_the_reason_is_why(policy: Policy) -> None:
+    gov = StateMachine(policy)
+    run(gov, [snap()] * 3, engine=IDLE)
+    why = "engine failed 5 times in a row, last: engine exited with status 1 after 0.4 s"
+    d = gov.decide(snap(), EngineObservation(busy=False, given_up=why), 3.0)
+    assert (d.state, d.rule) == (State.CRITICAL, "supervisor.given_up")
+    assert d.reason.startswith(f"critical: {why}; ")
+    assert d.engine.n_ctx <= policy.states[State.CRITICAL].n_ctx  # critical's limits, as for any critical cause
 
 
 def test_threads_never_exceed_the_online_cpus(policy: Policy) -> None:

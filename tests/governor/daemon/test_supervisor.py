@@ -19,6 +19,7 @@ from governor.daemon.supervisor import (
     SupervisedDecider,
     step_down,
 )
+from policies import StateMachine, load_policy
 from policies.decision import Decision, EngineConfig, Hold, State
 from policies.ladder import ModelLadder, ModelTier
 from sensors.snapshot import EngineObservation, Memory, Snapshot
@@ -46,12 +47,18 @@ PRESSURE = Snapshot(memory=Memory(total_bytes=2**30, available_bytes=2**24, psi_
 
 
 class Policy:
-    """A policy core that always asks for the largest model."""
+    """A policy core that asks for the largest model the holds allow (the supervisor's cap comes as a hold)."""
 
     def decide(
         self, snapshot: Snapshot, engine: EngineObservation | None, t: float, holds: Sequence[Hold] = ()
     ) -> Decision:
-        return Decision(t=t, state=State.IDLE, engine=LARGE, reason="idle: nothing running", rule="activity.idle")
+        config = LARGE
+        for hold in holds:
+            if hold.max_tier is not None:
+                config = config.model_copy(update={"model": hold.max_tier})
+            if hold.max_ctx is not None:
+                config = config.model_copy(update={"n_ctx": min(config.n_ctx, hold.max_ctx)})
+        return Decision(t=t, state=State.IDLE, engine=config, reason="idle: nothing running", rule="activity.idle")
 
     def interval_s(self, decision: Decision) -> float:
         return 1.0
@@ -87,7 +94,17 @@ class Harness:
             clock=RealClock(),
             latest_snapshot=lambda: self.snapshot,
             kernel_log=lambda: self.kernel_log,
+            on_change=self.tick,
         )
+        self.decider = SupervisedDecider(Policy(), self.supervisor)
+
+    def tick(self) -> None:
+        """What the daemon's loop does when the supervisor wakes it: decide (with the supervisor's inputs), apply."""
+        self.supervisor.want(self.decider.decide(Snapshot(), None, 0.0).engine)
+
+
+def machine() -> StateMachine:
+    return StateMachine(load_policy("default"), ladder=LADDER)
 
 
 def ready_pid(supervisor: EngineSupervisor) -> int:
@@ -149,8 +166,8 @@ def test_killed_under_memory_pressure_restarts_one_step_smaller() -> None:
         assert status.cap.model == "medium"
         assert "memory pressure was high (PSI some 45%" in (status.last_exit or "")
         assert "restarting one step smaller (medium, n_ctx 2048)" in (status.last_exit or "")
-        # The policy keeps asking for the large model: the supervisor's cap holds, and the reason says why.
-        decision = SupervisedDecider(Policy(), h.supervisor).decide(Snapshot(), None, 5.0)
+        # The policy would ask for the large model: the supervisor's cap is its input, and the reason says why.
+        decision = SupervisedDecider(machine(), h.supervisor).decide(Snapshot(), None, 5.0)
         assert decision.engine.model == "medium"
         assert "capped at medium/n_ctx 2048 (SIGKILL while memory pressure was high" in decision.reason
     finally:
@@ -199,7 +216,7 @@ def test_repeated_failures_mean_critical_not_a_crash_loop() -> None:
         starts = h.supervisor.status.starts
         assert starts == FAST.max_failures
         assert h.started == [LARGE] * 3
-        decision = SupervisedDecider(Policy(), h.supervisor).decide(Snapshot(), None, 9.0)
+        decision = SupervisedDecider(machine(), h.supervisor).decide(Snapshot(), None, 9.0)
         assert decision.state == State.CRITICAL
         assert decision.rule == "supervisor.given_up"
         assert decision.reason.startswith(
@@ -234,9 +251,10 @@ def test_crashes_at_load_try_safer_settings_then_give_up_and_say_why() -> None:
         assert critical is not None
         assert critical.startswith("engine crashes: SIGSEGV during load of tier large, 3 times in ")
         assert "; tried extra buffers off and tier medium; last engine stderr: ggml: something broke" in critical
-        decision = SupervisedDecider(Policy(), h.supervisor).decide(Snapshot(), None, 9.0)
+        decision = SupervisedDecider(machine(), h.supervisor).decide(Snapshot(), None, 9.0)
         assert decision.state == State.CRITICAL
-        assert decision.reason == f"critical: {critical}"  # what `governor why` shows
+        assert decision.rule == "supervisor.given_up"
+        assert decision.reason.startswith(f"critical: {critical}; ")  # what `governor why` shows
         avail = h.supervisor.availability()
         assert avail.given_up
         assert not avail.ready
