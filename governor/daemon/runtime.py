@@ -130,6 +130,8 @@ class Daemon:
             # Only flags: the loop's thread does the work.
             if signum == signal.SIGHUP:
                 self.request_reload()
+            elif self.stop.is_set():  # a second Ctrl-C / SIGTERM: no more draining (uvicorn's convention)
+                self.supervisor.hurry()
             else:
                 self.request_stop()
 

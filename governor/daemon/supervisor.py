@@ -157,6 +157,7 @@ class EngineSupervisor:
         self._lock = threading.Lock()
         self._wanted = threading.Condition(self._lock)  # a new desired config
         self._stop = threading.Event()
+        self._hurry = threading.Event()
         self._retry = threading.Event()
         self._resume = threading.Event()  # set when the wait for memory ends (or the daemon stops)
         self._proc: subprocess.Popen[bytes] | None = None
@@ -499,8 +500,14 @@ class EngineSupervisor:
     def ready(self) -> bool:
         return self.status.ready
 
+    def hurry(self) -> None:
+        """A second Ctrl-C / SIGTERM while stopping: `stop` ends the running answer now instead of draining it.
+        (Sets a flag only: called from the signal handler.)"""
+        self._hurry.set()
+
     def stop(self, timeout_s: float) -> None:
-        """SIGTERM (the engine stops at a token boundary), then SIGKILL after `timeout_s`."""
+        """SIGTERM (the engine lets the running answer finish for its drain time, then stops it at a token
+        boundary), then SIGKILL after `timeout_s`. After `hurry()`, a second SIGTERM: the engine ends it now."""
         self._stop.set()
         self._retry.set()
         self._resume.set()
@@ -508,12 +515,22 @@ class EngineSupervisor:
             proc = self._proc
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self._log.warning("engine did not stop in time; killing it", timeout_s=timeout_s)
-                proc.kill()
-                proc.wait()
+            deadline, hurried = self.clock.now() + timeout_s, False
+            while True:
+                try:
+                    _wait(proc, 0.2)  # in slices: a second signal must be seen during the drain
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if self._hurry.is_set() and not hurried:
+                    hurried = True
+                    self._log.warning("stopping now: the running answer ends at the next token")
+                    proc.send_signal(signal.SIGTERM)
+                if self.clock.now() > deadline:
+                    self._log.warning("engine did not stop in time; killing it", timeout_s=timeout_s)
+                    proc.kill()
+                    proc.wait()
+                    break
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
 

@@ -226,6 +226,9 @@ class _Server(uvicorn.Server):
         await self._exit.wait()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit:  # a second Ctrl-C or SIGTERM: no more draining, the running answer ends at its next token
+            log.warning("engine.stopping_now")
+            self._worker.end_answers()
         super().handle_exit(sig, frame)
         if self._exit is not None:
             self._exit.set()

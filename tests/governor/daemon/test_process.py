@@ -53,6 +53,35 @@ def test_kill_9_mid_stream_restarts_the_engine_and_serves_the_next_request(daemo
     assert "capped at" in status["reason"] or status["config"]["model"] != "large"
 
 
+def test_a_second_sigterm_during_the_drain_ends_the_answer_and_exits(
+    tmp_path: Path, sock_dir: Path, demo_ladder: Path
+) -> None:
+    """The first SIGTERM drains: the running answer goes on (for up to drain_timeout_s, here 300 s); a second one
+    ends it at the next token, and the daemon and its engine exit (uvicorn's second Ctrl-C, for a daemon)."""
+    d = DaemonProc(tmp_path, sock_dir, demo_ladder, config="drain_timeout_s = 300.0\n[restart]\ninitial_s = 0.2\n")
+    try:
+        d.wait_ready()
+        engine_pid = d.status()["supervisor"]["pid"]
+        with d.client.hold(max_tokens_per_s=4.0):  # 400 tokens at 4 tok/s: a 100 s answer
+            eventually(lambda: d.engine.status().max_tokens_per_s == 4.0, timeout_s=30)
+            chunks = d.engine.stream_chat(HELLO, model="large", max_tokens=400, ignore_eos=True)
+            next(chunks)
+            d.proc.send_signal(signal.SIGTERM)
+            eventually(lambda: "drain and stop the engine" in d.log(), timeout_s=30)
+            for _ in range(3):  # draining: the answer still streams
+                next(chunks)
+            assert d.proc.poll() is None
+            d.proc.send_signal(signal.SIGTERM)
+            assert d.proc.wait(60) == 0  # far sooner than the 300 s drain
+        rest = list(chunks)  # the answer ended at a token boundary: a complete response, not a cut stream
+        assert rest[-1]["choices"][0]["finish_reason"] == "length"
+        with pytest.raises(ProcessLookupError):
+            os.kill(engine_pid, 0)
+        assert "stopping now" in d.log()
+    finally:
+        d.stop()
+
+
 def test_sighup_with_a_bad_policy_keeps_the_last_good_one(daemon: DaemonProc) -> None:
     good = daemon.policy.read_text()
     daemon.policy.write_text(good.replace("[states.idle]", "[states.idle]\nthreadz = 3"))
