@@ -96,11 +96,11 @@ class Harness:
             kernel_log=lambda: self.kernel_log,
             on_change=self.tick,
         )
-        self.decider = SupervisedDecider(Policy(), self.supervisor)
 
     def tick(self) -> None:
-        """What the daemon's loop does when the supervisor wakes it: decide (with the supervisor's inputs), apply."""
-        self.supervisor.want(self.decider.decide(Snapshot(), None, 0.0).engine)
+        """What the daemon's loop does when the supervisor wakes it: decide with the supervisor's caps, apply. (Not
+        through SupervisedDecider: a test's own `hold()` of the engine would be undone by the fake policy.)"""
+        self.supervisor.want(Policy().decide(Snapshot(), None, 0.0, self.supervisor.caps()).engine)
 
 
 def machine() -> StateMachine:
