@@ -41,6 +41,7 @@ THREADS_MAX = 256
 Threads = Annotated[int, Field(ge=1, le=THREADS_MAX)]
 Ctx = Annotated[int, Field(ge=64, le=1 << 20)]
 ModelName = Annotated[str, Field(min_length=1, max_length=200)]
+NBatch = Annotated[int, Field(ge=32, le=8192)]
 KV_BYTES_PER_ELEMENT: dict[str, float] = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 
 
@@ -90,6 +91,14 @@ class EngineConfig(BaseModel):
         TokensPerS | None,
         Knob("rate cap", "cap on the decode rate (default: none)", live=True, unit=" tok/s", off="no rate cap"),
     ] = None
+    n_batch: Annotated[
+        NBatch,
+        Knob(
+            "n_batch",
+            "prompt tokens evaluated per step, llama.cpp's n_batch and n_ubatch (default: 512); its "
+            "compute buffer is a peak allocation: memory lowers it",
+        ),
+    ] = 512
 
     def change(self, update: Mapping[str, Any], *, strict: bool = True) -> EngineConfig:
         """These settings with `update`'s fields replaced, validated as a whole (ValidationError names the field).

@@ -165,8 +165,9 @@ class StateMachine:
         model, n_ctx, kv, fitted = self._fit(
             active, n_ctx=n_ctx, kv=kv, sense=sense, engine=engine, prev=prev, t=t, max_tiers=tiers
         )
+        n_batch = fitted.n_batch if fitted is not None and fitted.n_batch else self.policy.memory.n_batch
         config = EngineConfig.model_construct(
-            threads=threads, n_ctx=n_ctx, kv_type=kv, model=model, max_tokens_per_s=rate
+            threads=threads, n_ctx=n_ctx, kv_type=kv, model=model, max_tokens_per_s=rate, n_batch=n_batch
         )  # values come from validated profiles and holds: re-validating per tick would cost more than the tick
 
         tick = Tick(
@@ -421,10 +422,14 @@ class StateMachine:
             result = self._fit_cache[key] = fit(
                 candidates, max_ctx=n_ctx, kv_type=kv, budget_bytes=None if budget is None else key[3] * MIB, memory=mem
             )
-        if result.wait is not None and budget is not None and result.bytes <= self._budget_raw:
-            # Only PSI's shrink is short of room: run the smallest setting rather than stop (stopping ends the
-            # pressure, which would start the engine again: a stop/start loop).
-            result = replace(result, budget_bytes=None)
+        if result.wait is not None and budget is not None and budget < self._budget_raw:
+            # Only PSI's shrink is short of room: run the smallest setting that fits rather than stop (stopping ends
+            # the pressure, which would start the engine again: a stop/start loop).
+            smallest = fit(
+                candidates[-1:], max_ctx=mem.min_ctx, kv_type=KV_ORDER[-1], budget_bytes=self._budget_raw, memory=mem
+            )
+            if smallest.wait is None:
+                result = smallest
         self._last_fit = result
         return result.model, result.n_ctx, result.kv_type, result
 

@@ -102,11 +102,11 @@ class ModelFootprint:
             max(4 * b * (1 + 4 * self.n_embd + n_ctx * (1 + self.n_head)), 4 * b * (self.n_embd + self.n_vocab))
         )
 
-    def total_bytes(self, n_ctx: int, kv_type: KvType, memory: Memory) -> float:
+    def total_bytes(self, n_ctx: int, kv_type: KvType, memory: Memory, n_batch: int | None = None) -> float:
         return (
             self.file_bytes
             + self.kv_bytes(n_ctx, kv_type)
-            + self.compute_bytes(n_ctx, memory.n_batch)
+            + self.compute_bytes(n_ctx, memory.n_batch if n_batch is None else n_batch)
             + memory.overhead_mb * MIB
         )
 
@@ -134,6 +134,7 @@ class Fit:
     bound: str  # "profile" (the state's limits), "memory" (shrunk to fit), "nothing fits" (smallest possible)
     note: str = ""  # a forced KV fallback, said in the reason
     budget_bytes: float | None = None  # what it had to fit in (None: memory unknown)
+    n_batch: int | None = None  # lowered below the policy's memory.n_batch to fit (None: not lowered)
 
     @property
     def wait(self) -> str | None:
@@ -148,18 +149,20 @@ def kv_options(kv_type: KvType, memory: Memory) -> tuple[KvType, ...]:
     return KV_ORDER[i:] if memory.kv_fallback else (kv_type,)
 
 
-def largest_ctx(fp: ModelFootprint, kv_type: KvType, *, lo: int, hi: int, budget: float, memory: Memory) -> int | None:
+def largest_ctx(
+    fp: ModelFootprint, kv_type: KvType, *, lo: int, hi: int, budget: float, memory: Memory, n_batch: int | None = None
+) -> int | None:
     """The largest context in [lo, hi] (hi itself, else a multiple of ctx_multiple) whose footprint fits, or None."""
-    if fp.total_bytes(hi, kv_type, memory) <= budget:
+    if fp.total_bytes(hi, kv_type, memory, n_batch) <= budget:
         return hi
-    if fp.total_bytes(lo, kv_type, memory) > budget:
+    if fp.total_bytes(lo, kv_type, memory, n_batch) > budget:
         return None
     step = memory.ctx_multiple
     k_lo, k_hi = -(-lo // step), (hi - 1) // step  # multiples strictly inside (lo, hi)
     best = lo
     while k_lo <= k_hi:  # total_bytes grows with n_ctx, so bisect
         k = (k_lo + k_hi) // 2
-        if fp.total_bytes(k * step, kv_type, memory) <= budget:
+        if fp.total_bytes(k * step, kv_type, memory, n_batch) <= budget:
             best, k_lo = max(best, k * step), k + 1
         else:
             k_hi = k - 1
@@ -194,6 +197,15 @@ def fit(
             ctx, kv = best
             bound = "profile" if i == 0 and ctx == hi and kv == options[0] else "memory"
             return Fit(cand.name, ctx, kv, fp.total_bytes(ctx, kv, memory), bound, note, budget_bytes)
+        # The tier's smallest context and KV type do not fit: a smaller n_batch shrinks the compute buffer (a peak
+        # allocation, linear in n_batch) at some prompt speed, before a smaller tier costs answer quality.
+        kv, n_batch = options[-1], memory.n_batch // 2
+        while n_batch >= memory.min_n_batch:
+            ctx = largest_ctx(fp, kv, lo=lo, hi=hi, budget=budget_bytes, memory=memory, n_batch=n_batch)
+            if ctx is not None:
+                size = fp.total_bytes(ctx, kv, memory, n_batch)
+                return Fit(cand.name, ctx, kv, size, "memory", note, budget_bytes, n_batch)
+            n_batch //= 2
         last = Fit(
             cand.name, lo, options[-1], fp.total_bytes(lo, options[-1], memory), "nothing fits", note, budget_bytes
         )

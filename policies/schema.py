@@ -180,7 +180,8 @@ class Memory(StrictModel):
     psi_exit_debounce_s: Seconds = 30.0
     min_ctx: int = Field(default=512, ge=64, le=1 << 20)
     ctx_multiple: int = Field(default=256, ge=1, le=1 << 16)
-    n_batch: int = Field(default=512, ge=1, le=1 << 16)
+    n_batch: int = Field(default=512, ge=32, le=8192)  # the engine's, unless memory asks for less
+    min_n_batch: int = Field(default=64, ge=32, le=8192)  # lowered (halved) down to this before a smaller tier
     kv_fallback: bool = True  # quantise the KV cache further before shrinking the context
 
     @model_validator(mode="after")

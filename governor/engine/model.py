@@ -111,6 +111,8 @@ class LoadedModel:
                 self.llm = _Llama(
                     model_path=str(spec.path),
                     n_ctx=settings.n_ctx,
+                    n_batch=settings.n_batch,  # the compute buffer and the logits buffer grow with these
+                    n_ubatch=settings.n_batch,
                     n_threads=settings.threads,
                     n_threads_batch=settings.threads,
                     type_k=GGML_TYPE[settings.kv_type],

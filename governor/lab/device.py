@@ -118,7 +118,6 @@ class EngineSpec(Spec):
     context_s: float = Field(default=0.3, ge=0)  # building a new context (KV cache, compute buffers)
     restart_s: float = Field(default=2.0, ge=0)  # process start after an OOM kill, before the load
     overhead_mb: float = Field(default=150.0, ge=0)  # the process itself: runtime, libraries, buffers
-    n_batch: int = Field(default=512, ge=1)
     # Speed per core share when the engine's threads and other processes want more cores than there are: llama.cpp's
     # threads wait for each other at every step, so a descheduled one stalls them all. 2 cores, 2 threads beside one
     # CPU hog: 25 tok/s measured where a fair 2/3 share of the 78 alone would give 52 (docs/lab.md).
@@ -132,10 +131,11 @@ class EngineSpec(Spec):
         # a policy may name a tier the device lacks; the engine then runs the smallest one, as a real ladder would
         return self.model[-1]
 
-    def footprint_bytes(self, tier: SimModelSpec, n_ctx: int, kv_type: KvType) -> int:
-        """What the engine process really takes: weights + KV + compute buffer (Ollama's estimate) + overhead."""
+    def footprint_bytes(self, tier: SimModelSpec, n_ctx: int, kv_type: KvType, n_batch: int) -> int:
+        """What the engine process really takes: weights + KV + compute buffer (Ollama's estimate: it grows with
+        n_batch, the prompt tokens evaluated per step) + overhead."""
         fp = tier.footprint()
-        extra = fp.kv_bytes(n_ctx, kv_type) + fp.compute_bytes(n_ctx, self.n_batch) + self.overhead_mb * MB
+        extra = fp.kv_bytes(n_ctx, kv_type) + fp.compute_bytes(n_ctx, n_batch) + self.overhead_mb * MB
         return int(fp.file_bytes + extra)
 
 

@@ -6,7 +6,7 @@ Decode speed per token (documented in docs/lab.md):
                       a little core, s = little_speed: llama.cpp splits work evenly, the slowest thread sets the pace)
     bandwidth-limited r_b = bandwidth / (weights + kv_bytes_per_token · context)   (all weights and the KV are read)
     decode rate       r   = min(r_c, r_b, rate cap);  the cap idles the cores for the rest (duty r / min(r_c, r_b))
-    prefill rate      threads · (f/f_max) · prefill_thread_tok_s                    (compute-bound)
+    prefill rate      threads · (f/f_max) · prefill_thread_tok_s · batch_efficiency(n_batch)   (compute-bound)
     contention        threads + background > cores: every runnable thread gets a share q = cores / (threads +
                       background) and the barrier at every graph step costs more: decode and prefill rates * q · e,
                       e = barrier_efficiency (0.48, calibrated on 2 cores: 2 threads beside a hog 25 tok/s, alone 78)
@@ -24,6 +24,16 @@ from dataclasses import dataclass, field
 from governor.lab.device import MB, CpuSpec, EngineSpec, SimModelSpec
 from governor.lab.workload import Request
 from policies.decision import EngineConfig
+
+BATCH_HALF = 32  # n_batch at which a step's fixed costs equal its per-token work (assumed, see batch_efficiency)
+
+
+def batch_efficiency(n_batch: int) -> float:
+    """Prompt evaluation speed at `n_batch` relative to llama.cpp's default 512: each step has a fixed cost (reading
+    the weights once, the graph, the thread barrier) spread over the batch, b / (b + BATCH_HALF). An assumption, not
+    a measurement: at 64 it gives 0.71, at 128 0.85, at 2048 1.05."""
+    default = 512 / (512 + BATCH_HALF)
+    return n_batch / (n_batch + BATCH_HALF) / default
 
 
 @dataclass
@@ -51,6 +61,7 @@ class EngineSim:
         self.cpu = cpu
         self._big = self._little = 0  # threads on big and on little cores
         self._speed = 0.0  # big-core equivalents at f_max
+        self._prefill_eff = 1.0  # prompt evaluation speed at this n_batch relative to 512
         self._kv_per_tok = self._weights = 0.0
         self._footprint = 0  # bytes the process takes once loaded with the current config
         self._cached: set[str] = set()  # models read once stay in the page cache (mmap) unless memory runs out
@@ -88,7 +99,8 @@ class EngineSim:
         self._speed = threads * (cpu.little_speed if self._little else 1.0)
         self._kv_per_tok = tier.kv_bytes_per_token(config.kv_type)
         self._weights = tier.weights_mb * MB
-        self._footprint = self.spec.footprint_bytes(tier, config.n_ctx, config.kv_type)
+        self._footprint = self.spec.footprint_bytes(tier, config.n_ctx, config.kv_type, config.n_batch)
+        self._prefill_eff = batch_efficiency(config.n_batch)
         if self.stopped:
             return  # started with this config once memory comes back
         if old is None:
@@ -97,21 +109,21 @@ class EngineSim:
             self._reload(t, delay_s=0.0, weights=True)
         elif old.kv_type != config.kv_type:
             self._reload(t, delay_s=0.0, weights=False)
-        elif old.n_ctx != config.n_ctx:
-            self._resize(t)
+        elif (old.n_ctx, old.n_batch) != (config.n_ctx, config.n_batch):
+            self._resize(t)  # n_batch too is fixed when a context is built
 
     def _resize(self, t: float) -> None:
-        """An n_ctx change with the same model and KV type: a new context, the sequence's cache copied into it
-        (`llama_state_seq_get_data` / `_set_data`), shifted first if it would not fit. Nothing is evaluated again."""
+        """An n_ctx (or n_batch) change with the same model and KV type: a new context, the sequence's cache copied
+        into it (`llama_state_seq_get_data` / `_set_data`); nothing is evaluated again. As in the engine, a cache that
+        does not fit the smaller context is not copied: the conversation is evaluated again instead."""
         assert self.config is not None
+        if self.ctx >= self.config.n_ctx:
+            self._reload(t, delay_s=0.0, weights=False)
+            return
         self.stats.resizes += 1
         self.ready_s = max(self.ready_s, t + self.spec.context_s)
         if self.current is not None:
-            self._shift(self.prefill_left + self.answer_left)
             self.answer_left = max(0.0, min(self.answer_left, self.config.n_ctx - self.ctx - self.prefill_left))
-        else:
-            self._shift(0.0)
-            self.history = self.ctx + self._pending_history
 
     def _reload(self, t: float, delay_s: float, *, weights: bool) -> None:
         """A new KV type or model means a fresh KV cache: the kept conversation (up to half the new context) is
@@ -264,7 +276,7 @@ class EngineSim:
                     break
             left = end - now
             if self.prefill_left > 0:
-                rate = compute * tier.prefill_thread_tok_s
+                rate = compute * tier.prefill_thread_tok_s * self._prefill_eff
                 self.prefill_tokens_per_s = rate
                 spent = min(left, self.prefill_left / rate)
                 done = rate * spent

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from governor.lab.device import load_device
-from governor.lab.engine import EngineSim
+from governor.lab.engine import EngineSim, batch_efficiency
 from governor.lab.workload import Request
 from policies.decision import EngineConfig
 
@@ -50,15 +50,15 @@ def test_an_n_ctx_change_keeps_the_cache_and_a_kv_change_evaluates_it_again() ->
     assert engine.ctx == pytest.approx(400)
     t = turn(engine, t, prompt=100, answer=300)
     assert engine.stats.prefill_tokens == pytest.approx(200)
-    engine.apply(EngineConfig(threads=4, n_ctx=512, model=BIG.name), t)  # 800 cached > 512: shifted, then copied
-    assert engine.stats.resizes == 2
-    assert 0 < engine.ctx <= 512
-    assert engine.stats.prefill_tokens == pytest.approx(200)
-    kept = engine.ctx
+    engine.apply(EngineConfig(threads=4, n_ctx=512, model=BIG.name), t)  # 800 cached > 512: evaluated again
+    assert (engine.stats.reloads, engine.stats.resizes) == (2, 1)
+    t = turn(engine, t, prompt=50, answer=100)
+    assert engine.stats.prefill_tokens == pytest.approx(200 + 256 + 50)  # the newest half of the new context
+    kept = min(engine.ctx, 256)  # the newest half of the context
     engine.apply(EngineConfig(threads=4, n_ctx=512, kv_type="q8_0", model=BIG.name), t)  # new cache: evaluated again
     t = turn(engine, t, prompt=50, answer=100)
-    assert engine.stats.reloads == 2
-    assert engine.stats.prefill_tokens == pytest.approx(200 + min(kept, 256) + 50)
+    assert engine.stats.reloads == 3
+    assert engine.stats.prefill_tokens == pytest.approx(200 + 256 + 50 + kept + 50)
 
 
 def test_an_n_ctx_change_costs_a_context_and_a_model_change_a_load() -> None:
@@ -68,3 +68,18 @@ def test_an_n_ctx_change_costs_a_context_and_a_model_change_a_load() -> None:
     assert engine.ready_s == pytest.approx(t + PI.engine.context_s)
     engine.apply(EngineConfig(threads=4, n_ctx=1024, model=SMALL.name), t)
     assert engine.ready_s == pytest.approx(t + PI.engine.context_s + SMALL.weights_mb / PI.engine.load_mb_s)
+
+
+def test_a_smaller_n_batch_takes_less_memory_and_evaluates_prompts_slower_keeping_the_cache() -> None:
+    engine, t = engine_at(2048, SMALL.name), 0.0
+    t = turn(engine, t, prompt=400, answer=100)
+    full_fp = engine.footprint_bytes()
+    engine.apply(EngineConfig(threads=4, n_ctx=2048, model=SMALL.name, n_batch=64), t)
+    assert (engine.stats.reloads, engine.stats.resizes) == (1, 1)  # a new context, the cache copied
+    fp = SMALL.footprint()
+    assert full_fp - engine.footprint_bytes() == pytest.approx(fp.compute_bytes(2048, 512) - fp.compute_bytes(2048, 64))
+    t = turn(engine, t + 1.0, prompt=400, answer=100)
+    assert engine.stats.prefill_tokens == pytest.approx(800)  # only the new prompt
+    assert batch_efficiency(64) < 0.75 < batch_efficiency(512) == 1.0
+    evaluation = 400 / (4 * SMALL.prefill_thread_tok_s * batch_efficiency(64))
+    assert engine.stats.ttft_s[-1] == pytest.approx(evaluation, rel=0.1)

@@ -114,6 +114,20 @@ def test_fit_drops_a_tier_when_the_big_one_cannot_fit() -> None:
     assert got.bound == "memory"
 
 
+def test_fit_lowers_n_batch_before_dropping_a_tier() -> None:
+    at_512, at_128 = FP.total_bytes(512, "q4_0", MEM), FP.total_bytes(512, "q4_0", MEM, n_batch=128)
+    assert at_512 - at_128 == FP.compute_bytes(512, 512) - FP.compute_bytes(512, 128)  # the compute buffer
+    budget = FP.total_bytes(512, "q4_0", MEM, n_batch=256) - MIB  # 256 just misses
+    got = fit(candidates(), max_ctx=4096, kv_type="f16", budget_bytes=budget, memory=MEM)
+    assert (got.model, got.kv_type, got.n_batch, got.bound) == ("big", "q4_0", 128, "memory")
+    assert got.n_ctx >= 512
+    assert at_128 <= got.bytes <= budget
+    tight = fit(candidates(), max_ctx=4096, kv_type="f16", budget_bytes=at_128 - MIB, memory=MEM)
+    assert (tight.model, tight.n_batch) == ("big", 64)  # halved down to min_n_batch
+    none = Memory(overhead_mb=0.0, min_ctx=512, ctx_multiple=256, min_n_batch=512)
+    assert fit(candidates(), max_ctx=4096, kv_type="f16", budget_bytes=at_128, memory=none).model == "small"
+
+
 def test_fit_reports_when_nothing_fits() -> None:
     got = fit(candidates(), max_ctx=4096, kv_type="f16", budget_bytes=10 * MIB, memory=MEM)
     assert (got.model, got.n_ctx, got.kv_type, got.bound) == ("small", 512, "q4_0", "nothing fits")

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from governor.cli import main
+from policies.decision import EngineConfig
 from sensors.snapshot import EngineObservation, Snapshot
 from tests.policies.builders import BUSY, IDLE, snap, write_trace
 
@@ -22,7 +23,7 @@ def replay_json(capsys: pytest.CaptureFixture[str], trace: Path, policy: str) ->
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     for line in lines:
         assert set(line) >= {"t", "state", "engine", "reason"}
-        assert set(line["engine"]) == {"threads", "n_ctx", "kv_type", "model", "max_tokens_per_s"}
+        assert set(line["engine"]) == set(EngineConfig.model_fields)
     return lines
 
 

@@ -44,6 +44,7 @@ class FakeEngine:
             "kv_type": "f16",
             "threads": 2,
             "max_tokens_per_s": None,
+            "n_batch": 512,
         }
         self.posted: list[dict[str, Any]] = []
         self.status_code = 200

@@ -19,7 +19,14 @@ pytestmark = pytest.mark.slow
 
 # The small tier and one thread keep these tests light on a shared machine (llama.cpp's threads wait for each other
 # at every step, so two threads on two busy cores can be 10x slower than one); a rate cap keeps answers streaming.
-BASELINE: dict[str, Any] = {"model": "small", "n_ctx": 2048, "kv_type": "f16", "threads": 1, "max_tokens_per_s": None}
+BASELINE: dict[str, Any] = {
+    "model": "small",
+    "n_ctx": 2048,
+    "kv_type": "f16",
+    "threads": 1,
+    "max_tokens_per_s": None,
+    "n_batch": 512,
+}
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +96,7 @@ def test_rate_cap_applies_mid_stream_and_lifts(engine: Engine) -> None:
 
 RELOADS: list[dict[str, Any]] = [
     {"n_ctx": 1024},
+    {"n_batch": 64},  # issue 11: a smaller compute buffer under memory pressure
     {"kv_type": "q8_0"},
     {"kv_type": "q4_0", "n_ctx": 512},
     {"model": "medium"},
