@@ -2,8 +2,8 @@
 
 The connection is the proxy's own link (`proxylink.EngineLink`: an asyncio stream, h11 to frame the request,
 httptools to parse the answer) over the upstream's Unix socket, or TCP (TLS for https): httpx's async streams cost
-about 0.8 ms of CPU per streamed chunk here (bench/bench_proxy.py --mode routed), several times the link's. Streamed answers
-are passed through chunk by chunk as they arrive (no re-framing of the events); only the events
+about 0.8 ms of CPU per streamed chunk here (bench/bench_proxy.py --mode routed), several times the link's.
+Streamed answers are passed through chunk by chunk as they arrive (no re-framing of the events); only the events
 before the first token are held, so that an upstream failing before it can still be replaced by the device
 (`UpstreamFailed`, nothing sent yet). After the first token a failure ends the stream with an OpenAI-shaped error
 event and `[DONE]`: nothing silently lost. Non-streamed answers are read whole first.
