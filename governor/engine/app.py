@@ -23,11 +23,12 @@ from starlette.routing import Route
 from governor.engine import fault, refusals
 from governor.engine.chat import ChatRequest, CompletionRequest
 from governor.engine.config import Applied, ConfigRefused, resolve
+from governor.engine.events import Ended, Event, Failed, ModelChanged, Started, Text, Trimmed
 from governor.engine.feed import StatusFeed
 from governor.engine.grammar import Constraint, SchemaRefused, constraint, pointer_to_param
 from governor.engine.jobs import ConfigJob, Job
 from governor.engine.replies import CompletionReply, Reply, ToolReply
-from governor.engine.stream import Event, Events, EventStream, sse, watch_disconnect
+from governor.engine.stream import Events, EventStream, sse, watch_disconnect
 from governor.engine.worker import Worker
 from policies.decision import EngineConfig
 
@@ -270,12 +271,14 @@ class EngineApp:
             first, waited = await self._first(events)
             if first is None:
                 return Response(status_code=499) if events.gone else self._load_too_long(waited)
-            if first[0][0] == "error":
-                _, status, message, code = first[0]
-                return error(status, message, code=code)
-            _, model, _, trimmed = first[0]
-            reply = shape(model)
-            reply.governor["trimmed_messages"] = trimmed
+            match first[0]:
+                case Failed(status, message, code):
+                    return error(status, message, code=code)
+                case Started(model, _prompt_tokens, trimmed):
+                    reply = shape(model)
+                    reply.governor["trimmed_messages"] = trimmed
+                case other:
+                    raise AssertionError(f"an answer began with {other}")
             # This request loaded the model (after an idle unload): say how long that took.
             headers = {"X-Governor-Load-S": f"{job.load_s:.3f}"} if job.load_s else {}
             if not req.stream:
@@ -323,18 +326,18 @@ class EngineApp:
         batch: list[Event] | None = backlog
         while batch is not None:
             for ev in batch:
-                kind = ev[0]
-                if kind == "text":
-                    reply.collect(ev[1])
-                elif kind == "trim":
-                    reply.governor["trimmed_messages"] = ev[1]
-                elif kind == "model":
-                    reply.set_model(ev[1])
-                elif kind == "error":
-                    return error(ev[1], ev[2], code=ev[3])
-                elif kind == "end":
-                    reply.governor.update(ev[3] if len(ev) > 3 else {})
-                    return JSONResponse(reply.full(ev[1], ev[2]))
+                match ev:
+                    case Text(text):
+                        reply.collect(text)
+                    case Trimmed(total):
+                        reply.governor["trimmed_messages"] = total
+                    case ModelChanged(model):
+                        reply.set_model(model)
+                    case Failed(status, message, code):
+                        return error(status, message, code=code)
+                    case Ended(finish, usage, governor):
+                        reply.governor.update(governor)
+                        return JSONResponse(reply.full(finish, usage))
             batch = await events.batch()
         return Response(status_code=499)
 

@@ -9,16 +9,15 @@ from typing import Any, Protocol
 
 from governor.engine.chat import ChatRequest, CompletionRequest, TextStream
 from governor.engine.config import Applied
+from governor.engine.events import Event
 from governor.engine.grammar import Constraint
 from policies.decision import EngineConfig
 
 
 class Sink(Protocol):
-    """Where a generation's events go. Events: ("start", model, prompt_tokens, trimmed), ("text", str),
-    ("model", name), ("trim", trimmed_total), ("end", finish_reason, usage[, governor fields]),
-    ("error", status, message, code)."""
+    """Where a generation's events go (governor/engine/events.py)."""
 
-    def __call__(self, event: tuple[Any, ...]) -> None: ...
+    def __call__(self, event: Event) -> None: ...
 
 
 @dataclass(eq=False)
@@ -27,7 +26,7 @@ class Job:
     sink: Sink
     constraint: Constraint = field(default_factory=lambda: Constraint(None, None))
     cancelled: threading.Event = field(default_factory=threading.Event)
-    load_s: float = 0.0  # time the worker spent loading the model for this job (set before its "start" event)
+    load_s: float = 0.0  # time the worker spent loading the model for this job (set before its Started event)
 
 
 @dataclass(eq=False)

@@ -3,18 +3,17 @@ or made the context too small (a re-rendered, trimmed conversation with the answ
 
 from __future__ import annotations
 
-from typing import Any
-
 import jinja2
 
 from governor.engine.chat import CompletionRequest, PromptTooLong, TextStream, fit, room_for_answer
+from governor.engine.events import Failed
 from governor.engine.jobs import Job, Run
 from governor.engine.model import LoadedModel
 from governor.engine.tools import conversation
 from governor.engine.window import fit_chunked
 
 
-def prepare(m: LoadedModel, job: Job, *, chunked: bool = True) -> Run | tuple[Any, ...]:
+def prepare(m: LoadedModel, job: Job, *, chunked: bool = True) -> Run | Failed:
     """The answer's prompt in the current context, or the 400 that says why there is none. With `chunked`, a chat
     that outgrew the context loses old turns in large chunks, the same cut kept while it fits
     (governor.engine.window); without, as few turns as possible go (each turn then changes the prompt's start)."""
@@ -22,11 +21,11 @@ def prepare(m: LoadedModel, job: Job, *, chunked: bool = True) -> Run | tuple[An
     if job.constraint.grammar is not None:
         why = m.grammar_error(job.constraint.grammar)
         if why is not None:
-            return ("error", 400, f"the requested output format: {why}", "invalid_grammar")
+            return Failed(400, f"the requested output format: {why}", "invalid_grammar")
     if isinstance(req, CompletionRequest):
         tokens = m.encode_plain(req.text())
         if len(tokens) >= m.n_ctx:
-            return ("error", 400, str(PromptTooLong(len(tokens), m.n_ctx)), "context_length_exceeded")
+            return Failed(400, str(PromptTooLong(len(tokens), m.n_ctx)), "context_length_exceeded")
         return Run(job, None, req.text(), tokens, len(tokens), TextStream(req.stops()))
     messages = conversation(req, job.constraint.tools)
     try:
@@ -36,9 +35,9 @@ def prepare(m: LoadedModel, job: Job, *, chunked: bool = True) -> Run | tuple[An
         else:
             fitted = fit(m, messages, m.n_ctx, answer_room=room)
     except PromptTooLong as exc:
-        return ("error", 400, str(exc), "context_length_exceeded")
+        return Failed(400, str(exc), "context_length_exceeded")
     except (ValueError, jinja2.TemplateError) as exc:  # the template's raise_exception(), e.g. role order
-        return ("error", 400, f"the model's chat template refused the messages: {exc}", "invalid_messages")
+        return Failed(400, f"the model's chat template refused the messages: {exc}", "invalid_messages")
     stops = req.stops() + ([m.template_stop] if m.template_stop else [])
     run = Run(job, messages, None, list(fitted.tokens), len(fitted.tokens), TextStream(stops))
     run.trimmed = fitted.trimmed_messages

@@ -11,14 +11,12 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from governor.engine.events import Ended, Event, Failed, ModelChanged, Text, Trimmed
 from governor.engine.replies import Reply, dumps
-
-Event = tuple[Any, ...]
 
 
 class Events:
@@ -35,13 +33,13 @@ class Events:
         self._waiter: asyncio.Future[None] | None = None
         self._scheduled = False
         self.gone = False
-        self.ended = False  # the worker sent the last event ("end" or "error")
+        self.ended = False  # the worker sent the last event (Ended or Failed)
 
     def __call__(self, event: Event) -> None:  # on the worker thread
         self._items.append(event)
-        if event[0] in ("end", "error"):
+        if isinstance(event, Ended | Failed):
             self.ended = True
-        if not self._eager and event[0] == "text":
+        if not self._eager and isinstance(event, Text):
             return
         if not self._scheduled:
             self._scheduled = True
@@ -92,25 +90,25 @@ async def sse(events: Events, backlog: list[Event], reply: Reply, include_usage:
         text: list[str] = []
         finished = False
         for ev in batch:
-            kind = ev[0]
-            if kind == "text":
-                text.append(ev[1])
+            if isinstance(ev, Text):
+                text.append(ev.text)
                 continue
             if text:
                 out.append(reply.text("".join(text)))
                 text = []
-            if kind == "trim":
-                reply.governor["trimmed_messages"] = ev[1]
-            elif kind == "model":
-                reply.set_model(ev[1])
-            elif kind == "error":
-                err = {"error": {"message": ev[2], "type": "server_error", "param": None, "code": ev[3]}}
-                out.append(f"data: {dumps(err)}\n\n")
-                finished = True
-            elif kind == "end":
-                reply.governor.update(ev[3] if len(ev) > 3 else {})
-                out.append(reply.end(ev[1], ev[2], include_usage))
-                finished = True
+            match ev:
+                case Trimmed(total):
+                    reply.governor["trimmed_messages"] = total
+                case ModelChanged(model):
+                    reply.set_model(model)
+                case Failed(_status, message, code):
+                    err = {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
+                    out.append(f"data: {dumps(err)}\n\n")
+                    finished = True
+                case Ended(finish, usage, governor):
+                    reply.governor.update(governor)
+                    out.append(reply.end(finish, usage, include_usage))
+                    finished = True
         if text:
             out.append(reply.text("".join(text)))
         if finished:

@@ -20,6 +20,7 @@ import structlog
 
 from governor.engine.chat import room_for_answer
 from governor.engine.config import ConfigRefused, ModelSpec, resolve
+from governor.engine.events import Ended, Failed, Last, ModelChanged, Started, Text, Trimmed, stopping
 from governor.engine.extra_buffers import ExtraBuffers, choose
 from governor.engine.jobs import ConfigJob, Counters, Job, Run, usage
 from governor.engine.model import LoadedModel, ModelLoadError, SavedSequence
@@ -81,7 +82,7 @@ class Worker:
 
     def submit(self, job: Job) -> None:
         if self._stopping:
-            job.sink(("error", 503, "the engine is shutting down", "engine_stopping"))
+            job.sink(stopping())
             return
         with self._lock:
             self.waiting += 1
@@ -148,24 +149,25 @@ class Worker:
                         self.waiting -= 1
                 if self._stopping:
                     if job is not None:
-                        job.sink(("error", 503, "the engine is shutting down", "engine_stopping"))
+                        job.sink(stopping())
                     break
                 self._apply_pending(None)
                 if job is None:
                     continue
                 if job.cancelled.is_set():
                     self.counters.generations_cancelled += 1
-                    job.sink(("end", "cancelled", usage(0, 0)))
+                    job.sink(Ended("cancelled", usage(0, 0)))
                     continue
                 self.busy = True
                 self._running = job
                 self.on_change()
+                final: Last
                 try:
                     final = self._ensure_loaded(job) or self._generate(job)
                 except Exception as exc:  # last resort: this job fails, the engine keeps serving
                     log.exception("engine.generation_crashed")
                     self.counters.generations_failed += 1
-                    final = ("error", 500, f"internal error: {type(exc).__name__}: {exc}", "internal_error")
+                    final = Failed(500, f"internal error: {type(exc).__name__}: {exc}", "internal_error")
                 finally:
                     self.busy = False
                     self._running = self._run = None
@@ -180,7 +182,7 @@ class Worker:
             self._drain()
             self.slot.unload(why="stop")
 
-    def _ensure_loaded(self, job: Job) -> tuple[Any, ...] | None:
+    def _ensure_loaded(self, job: Job) -> Failed | None:
         """Load the model for a request after an idle unload; an error event when it cannot be loaded."""
         if self.slot.loaded:
             return None
@@ -189,7 +191,7 @@ class Worker:
             self.slot.load(self.models[self.settings.model], self.settings, why="idle", warm=True)
         except ModelLoadError as exc:
             self.counters.generations_failed += 1
-            return ("error", 503, f"cannot load the model: {exc}", "model_load_failed")
+            return Failed(503, f"cannot load the model: {exc}", "model_load_failed")
         job.load_s = time.monotonic() - t0
         return None
 
@@ -200,14 +202,14 @@ class Worker:
             except queue.Empty:
                 break
             if job is not None:
-                job.sink(("error", 503, "the engine is shutting down", "engine_stopping"))
+                job.sink(stopping())
         with self._lock:
             pending, self._pending = self._pending, []
         for cj in pending:
             cj.fail(ConfigRefused("the engine is shutting down", param=None, code="engine_stopping", status=503))
 
-    def _generate(self, job: Job) -> tuple[Any, ...]:
-        """Runs one answer, sending its events; returns the last one ("end" or "error") for the caller to send."""
+    def _generate(self, job: Job) -> Last:
+        """Runs one answer, sending its events; returns the last one (Ended or Failed) for the caller to send."""
         req, m = job.request, self.model
         run = prepare(self.model, job, chunked=self.context_shift != "off")
         if not isinstance(run, Run):
@@ -224,7 +226,7 @@ class Worker:
             self._log_trim(run, "request", run.trimmed)
         self.counters.prompt_tokens_total += run.n_prompt
         run.evaluated_from = m.evaluated
-        job.sink(("start", m.spec.name, run.n_prompt, run.trimmed))
+        job.sink(Started(m.spec.name, run.n_prompt, run.trimmed))
         started = time.monotonic()
         try:
             run.gen = m.generate(run.ctx_tokens, req.sampling(), req.seed, grammar=job.constraint.grammar)
@@ -233,7 +235,7 @@ class Worker:
         except (RuntimeError, ValueError) as exc:  # llama.cpp decode failures surface as these
             log.error("engine.generation_failed", error=str(exc))
             self.counters.generations_failed += 1
-            return ("error", 500, f"generation failed: {exc}", "generation_failed")
+            return Failed(500, f"generation failed: {exc}", "generation_failed")
         finally:
             if run.gen is not None:
                 run.gen.close()
@@ -249,7 +251,7 @@ class Worker:
         )
         tail = run.text.flush()
         if tail:
-            job.sink(("text", tail))
+            job.sink(Text(tail))
         if run.finish == "cancelled":
             self.counters.generations_cancelled += 1
         else:
@@ -259,7 +261,8 @@ class Worker:
             "shifted_tokens": run.shifted,
             "prompt_tokens_evaluated": run.prompt_evaluated,
         }
-        return ("end", run.finish, usage(run.n_prompt, run.n_completion), info)
+        assert run.finish is not None  # _decode returns only once it is set
+        return Ended(run.finish, usage(run.n_prompt, run.n_completion), info)
 
     def _context(self) -> str:
         """How a chat that outgrew the context is handled now: "shift" (the kept part moves in the KV cache),
@@ -323,7 +326,7 @@ class Worker:
             if self.settings.max_tokens_per_s is not None:
                 self._pace(run)
             if text:
-                job.sink(("text", text))
+                job.sink(Text(text))
             self._emits.append(time.monotonic())
             if run.text.stopped:
                 run.finish = "stop"
@@ -435,10 +438,10 @@ class Worker:
                 return
             if run.trimmed > trimmed:
                 self._log_trim(run, "reconfig", run.trimmed - trimmed)
-                run.job.sink(("trim", run.trimmed))
+                run.job.sink(Trimmed(run.trimmed))
         if run.model_name != m.spec.name:
             run.model_name = m.spec.name
-            run.job.sink(("model", m.spec.name))
+            run.job.sink(ModelChanged(m.spec.name))
         # The decode loop evaluates what the cache lacks (all of it, or after a cache copy only the last token), as
         # an interruptible prefill: a newer change, a cancel or a shutdown stops it between batches.
         run.gen = None

@@ -6,6 +6,7 @@ import asyncio
 import json
 import threading
 
+from governor.engine.events import Ended, Text
 from governor.engine.replies import Reply
 from governor.engine.stream import Events, sse
 
@@ -28,18 +29,18 @@ def test_tokens_ready_together_go_out_in_one_chunk_and_the_first_at_once() -> No
         events = Events(asyncio.get_running_loop(), eager=True)
         stream = sse(events, [], Reply("m"), include_usage=False)
         pieces = [await anext(stream)]  # the opening
-        events(("text", "Hello"))
+        events(Text("Hello"))
         pieces.append(await anext(stream))  # the first token alone, without waiting for more
 
         def produce() -> None:
             for token in (" wide", " wide", " world"):
-                events(("text", token))
+                events(Text(token))
 
         worker = threading.Thread(target=produce)
         worker.start()
         worker.join()  # three tokens arrive while the loop is busy elsewhere
         pieces.append(await anext(stream))
-        events(("end", "length", USAGE))
+        events(Ended("length", USAGE))
         pieces.append(await anext(stream))
         return pieces
 
