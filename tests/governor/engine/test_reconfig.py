@@ -194,7 +194,11 @@ def test_the_reevaluation_after_a_reload_gives_way_to_a_newer_change(engine: Eng
     thread, seen = engine.stream_in_thread(body)
     eventually(lambda: arrived(seen, 2), timeout_s=120)
     # Another KV type: the conversation (about 1600 tokens) must be evaluated again in the new context.
+    loads = engine.status()["loads_total"]
     assert engine.config(kv_type="q8_0").json()["applied"] == "reload"
+    # The reload happens at the next token boundary: tokens decoded before it may still be on their way. Once the new
+    # model is loaded they have all arrived, and the re-evaluation runs.
+    eventually(lambda: engine.status()["loads_total"] > loads, timeout_s=120)
     n = len(seen.arrivals)
     r = engine.config(threads=2)  # arrives while that re-evaluation runs: it is stopped, the change applied
     answered = time.monotonic()
