@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ import pytest
 
 from governor.daemon.config import ConfigError, load_config
 from governor.daemon.proxy import ProxyServer
-from governor.daemon.routing import RoutingError, UpstreamLink, build_router, chat_info, read_key
+from governor.daemon.routing import Router, RoutingError, UpstreamLink, build_router, chat_info, read_key
 from governor.daemon.supervisor import Availability
 from governor.daemon.upstream import first_token_seen, mark_first_event, mark_json
 from policies.decision import Decision, EngineConfig, State
@@ -30,6 +32,17 @@ def post_chat(sock: Path, body: dict[str, Any]) -> httpx.Response:
     """One chat request through the proxy's public socket, as a client would send it."""
     with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://engine", timeout=10) as http:
         return http.post("/v1/chat/completions", json=body)
+
+
+@contextmanager
+def proxy_for(tmp_path: Path, engine: Path, gate: Gate, router: Router | None = None) -> Iterator[Path]:
+    """The daemon's proxy in front of `engine`, on tmp_path/e.sock (yielded), closed afterwards."""
+    proxy = ProxyServer(tmp_path / "e.sock", engine, gate, hold_s=1.0, drain_s=1, router=router)
+    proxy.start()
+    try:
+        yield tmp_path / "e.sock"
+    finally:
+        proxy.close(5.0)
 
 
 def config(tmp_path: Path, text: str) -> Path:
@@ -177,14 +190,12 @@ def test_a_long_prompt_goes_upstream_once_the_devices_prefill_speed_is_measured(
 def test_every_chat_answer_says_where_it_ran_even_with_routing_off(tmp_path: Path) -> None:
     engine = ScriptedEngine(tmp_path / "e-child.sock")
     engine.parts = [SSE_HEAD, chunk(b'data: {"choices":[]}\n\n'), b"0\r\n\r\n"]
-    proxy = ProxyServer(tmp_path / "e.sock", engine.path, Gate(), hold_s=1.0, drain_s=1)
-    proxy.start()
     try:
-        r = post_chat(tmp_path / "e.sock", {"messages": [], "governor": {"local_only": True}})
+        with proxy_for(tmp_path, engine.path, Gate()) as sock:
+            r = post_chat(sock, {"messages": [], "governor": {"local_only": True}})
         assert r.headers["x-governor-route"] == "local"
         assert "governor" not in r.text  # routing off: the engine's answer unchanged
     finally:
-        proxy.close(5.0)
         engine.close()
 
 
@@ -204,19 +215,17 @@ def test_an_engine_answering_queue_full_hands_the_request_to_the_upstream(tmp_pa
         config(tmp_path, f'[[upstream]]\nname = "lan"\nbase_url = "http://up/v1"\nsocket = "{upstream.path}"\n')
     )
     router = build_router(cfg.upstream, {}, policy=lambda: None, engine_status=lambda: None)
-    proxy = ProxyServer(tmp_path / "e.sock", engine.path, Gate(), hold_s=1.0, drain_s=1, router=router)
-    proxy.start()
     try:
-        r = post_chat(tmp_path / "e.sock", HI)
+        with proxy_for(tmp_path, engine.path, Gate(), router) as sock:
+            r = post_chat(sock, HI)
+            local = post_chat(sock, {"messages": [], "governor": {"local_only": True}})
         assert r.status_code == 200
         assert r.headers["x-governor-route"] == "upstream:lan"
         assert r.json()["governor"] == {"route": "upstream:lan", "why": "the engine answered that its queue is full"}
-        local = post_chat(tmp_path / "e.sock", {"messages": [], "governor": {"local_only": True}})
         assert local.status_code == 429  # may not leave the device: the engine's answer as it is
         assert local.headers["x-governor-route"] == "local"
         assert [r["kind"] for r in router.recent(10)] == ["meets", "queue_full", "local_only"]
     finally:
-        proxy.close(5.0)
         engine.close()
         upstream.close()
 
@@ -298,10 +307,9 @@ def test_an_upstream_failing_before_its_first_token_hands_the_request_to_the_nex
         def availability(self) -> Availability:
             return Availability(ready=False, given_up=True, reason="the engine was given up", retry_after_s=60)
 
-    proxy = ProxyServer(tmp_path / "e.sock", engine.path, Down(), hold_s=1.0, drain_s=1, router=router)
-    proxy.start()
     try:
-        r = post_chat(tmp_path / "e.sock", HI)
+        with proxy_for(tmp_path, engine.path, Down(), router) as sock:
+            r = post_chat(sock, HI)
         assert r.status_code == 200
         assert r.headers["x-governor-route"] == "upstream:b"
         why = r.json()["governor"]["why"]
@@ -311,6 +319,5 @@ def test_an_upstream_failing_before_its_first_token_hands_the_request_to_the_nex
             ("b", 0, 1),
         ]
     finally:
-        proxy.close(5.0)
         for server in (engine, broken, good):
             server.close()
