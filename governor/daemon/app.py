@@ -35,6 +35,7 @@ from governor.engine.client import EngineClient, EngineUnavailable
 from governor.loop import Decider, GovernorLoop
 from governor.unixsock import check_private_dir
 from policies.ladder import ModelLadder, load_ladder
+from policies.schema import EngineOptions
 from sensors.events import UdevEvent, UdevEvents
 from sensors.root import Root
 from sensors.sampler import make_sampler
@@ -84,12 +85,11 @@ def policy_loader(
     return load
 
 
-def keep_alive(decider: Decider) -> float:
-    """The policy's `engine.keep_alive_s` (for a Decider that is not a policy core: the default)."""
+def engine_options(decider: Decider) -> EngineOptions:
+    """The policy's `[engine]` table (for a Decider that is not a policy core: the defaults)."""
     from policies import StateMachine
-    from policies.schema import EngineOptions
 
-    return decider.policy.engine.keep_alive_s if isinstance(decider, StateMachine) else EngineOptions().keep_alive_s
+    return decider.policy.engine if isinstance(decider, StateMachine) else EngineOptions()
 
 
 def uevent_handler(sensors: object, wake: threading.Event) -> Callable[[UdevEvent], None]:
@@ -197,7 +197,7 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
             config.engine_child_socket,
             cfg,
             drain_s=config.drain_timeout_s,
-            keep_alive_s=keep_alive(decider.inner),  # the policy in force when the engine (re)starts
+            options=engine_options(decider.inner),  # the policy in force when the engine (re)starts
             extra_buffers=extra_buffers,
         ),
         ready=ready,

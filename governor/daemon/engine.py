@@ -18,6 +18,7 @@ import structlog
 from govbase.errors import GovernorError
 from governor.daemon.supervisor import EngineSupervisor
 from policies.decision import EngineConfig
+from policies.schema import EngineOptions
 from sensors.psutil_backend import ProcessStats
 from sensors.snapshot import EngineObservation
 
@@ -30,20 +31,23 @@ class EngineLink(Protocol):
     def apply(self, config: EngineConfig) -> None: ...
 
 
+DEFAULT_OPTIONS = EngineOptions()
+
+
 def engine_command(
     ladder: Path,
     socket_path: Path,
     config: EngineConfig,
     *,
     drain_s: float = 10.0,
-    keep_alive_s: float = 300.0,
+    options: EngineOptions = DEFAULT_OPTIONS,
     extra_buffers: str | None = None,
 ) -> list[str]:
     """The child's argv: the engine process of the engine issue, with all of this decision's settings, serving on the
     daemon's private socket (0600: only the daemon's proxy and client talk to it). On SIGTERM it stops accepting
-    and lets the running answer finish for `drain_s`, then stops it at a token boundary. It unloads its model after
-    `keep_alive_s` without requests (the policy's `engine.keep_alive_s`; 0 = never). `extra_buffers` ("off" after a
-    crash) overrides the engine's own choice of llama.cpp extra buffer types."""
+    and lets the running answer finish for `drain_s`, then stops it at a token boundary. `options` are the policy's
+    `[engine]` table (idle unload, stream interval). `extra_buffers` ("off" after a crash) overrides the engine's own
+    choice of llama.cpp extra buffer types."""
     argv = [
         sys.executable,
         "-m",
@@ -60,8 +64,10 @@ def engine_command(
         "--drain-s",
         f"{drain_s:g}",
         "--keep-alive",
-        f"{keep_alive_s:g}",
+        f"{options.keep_alive_s:g}",
     ]
+    if options.stream_interval_ms is not None:
+        argv += ["--stream-interval-ms", f"{options.stream_interval_ms:g}"]
     return argv if extra_buffers is None else [*argv, "--extra-buffers", extra_buffers]
 
 

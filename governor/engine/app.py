@@ -28,7 +28,7 @@ from governor.engine.feed import StatusFeed
 from governor.engine.grammar import Constraint, SchemaRefused, constraint, pointer_to_param
 from governor.engine.jobs import ConfigJob, Job
 from governor.engine.replies import CompletionReply, Reply, ToolReply
-from governor.engine.stream import Events, EventStream, sse, watch_disconnect
+from governor.engine.stream import Events, EventStream, sse, stream_interval_s, watch_disconnect
 from governor.engine.worker import Worker
 from policies.decision import EngineConfig
 
@@ -86,8 +86,17 @@ def validation_error(exc: ValidationError) -> JSONResponse:
 
 
 class EngineApp:
-    def __init__(self, worker: Worker, *, queue_max: int = 8, drain_s: float = 10.0, load_wait_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        worker: Worker,
+        *,
+        queue_max: int = 8,
+        drain_s: float = 10.0,
+        load_wait_s: float = 60.0,
+        stream_interval_ms: float | None = None,
+    ) -> None:
         self.worker = worker
+        self.stream_interval_ms = stream_interval_ms  # None: auto (governor.engine.stream.stream_interval_s)
         self.queue_max = queue_max
         self.drain_s = drain_s
         self.load_wait_s = load_wait_s  # how long a request may wait on a model load before a 503
@@ -142,6 +151,7 @@ class EngineApp:
             "loads_total": w.slot.loads_total,
             "unloads_total": w.slot.unloads_total,
             "context_shift": w.context_shift,
+            "stream_interval_ms": round(stream_interval_s(self.stream_interval_ms, w.settings.threads) * 1000, 3),
             "extra_buffers": w.extra_buffers.as_dict(),
             "weight_buffers_mib": w.slot.weight_buffers_mib,
             "busy": w.busy,
@@ -256,7 +266,8 @@ class EngineApp:
                 headers={"Retry-After": str(retry)},
             )
         fault.maybe_crash("decode", self.worker.settings.model)
-        events = Events(asyncio.get_running_loop(), eager=req.stream)
+        interval = stream_interval_s(self.stream_interval_ms, self.worker.settings.threads)
+        events = Events(asyncio.get_running_loop(), eager=req.stream, interval_s=interval)
         job = Job(req, events, wanted)
         self.worker.submit(job)
         watcher = asyncio.ensure_future(watch_disconnect(request.receive, events))

@@ -114,6 +114,14 @@ def add_engine(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         "cache (re-evaluate where the model cannot shift); reevaluate = the same chunks, re-evaluated; off = drop as "
         "few turns as possible and re-evaluate every turn (the behaviour before issue 11) (default on)",
     )
+    p.add_argument(
+        "--stream-interval-ms",
+        type=float,
+        metavar="MS",
+        help="a streamed answer's text leaves at most every MS milliseconds, several tokens a chunk (the first at "
+        "once; 0 = every token as it comes). Default auto: 100 when the decode threads take every CPU (the client's "
+        "work per chunk would take a core they need), else 0",
+    )
     p.add_argument("--root", type=Path, default=Path("/"), metavar="DIR", help="read DIR/proc/cpuinfo (default /)")
     return p
 
@@ -166,6 +174,8 @@ def initial(args: argparse.Namespace) -> tuple[dict[str, ModelSpec], EngineConfi
         raise EngineError(f"--queue {args.queue}: must be >= 0")
     if args.slow_callback_ms is not None and not 0 < args.slow_callback_ms <= 60_000:
         raise EngineError(f"--slow-callback-ms {args.slow_callback_ms}: must be > 0 and at most 60000")
+    if args.stream_interval_ms is not None and not 0 <= args.stream_interval_ms <= 10_000:
+        raise EngineError(f"--stream-interval-ms {args.stream_interval_ms}: must be between 0 and 10000")
     for flag, value in (("--keep-alive", args.keep_alive), ("--load-wait", args.load_wait)):
         if not (0 <= value <= 1e7):  # also refuses nan and inf
             raise EngineError(f"{flag} {value}: must be between 0 and 10000000 seconds")
@@ -271,7 +281,9 @@ def run(args: argparse.Namespace) -> int:
         weight_buffers_mib=worker.slot.weight_buffers_mib,
     )
     fault.maybe_crash("load", settings.model)
-    engine = EngineApp(worker, queue_max=args.queue, load_wait_s=args.load_wait)
+    engine = EngineApp(
+        worker, queue_max=args.queue, load_wait_s=args.load_wait, stream_interval_ms=args.stream_interval_ms
+    )
     sockets = [bind_unix(args.socket, int(args.socket_mode, 8), args.socket_group)]
     inode = os.stat(args.socket).st_ino
     try:

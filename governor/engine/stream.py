@@ -4,11 +4,18 @@ Per token the loop does little: the worker appends events to a deque and wakes t
 (`call_soon_threadsafe` only when no wake-up is pending); one SSE write carries every token that arrived since the
 last one, so a client (or a loop) slower than the model gets several tokens per chunk, and the first token goes out
 as soon as it exists. The SSE body is written straight to the ASGI server, without a task group or a per-token task.
+
+With a stream interval (see `stream_interval_s`), text waits until that long after the previous write, so a fast
+model's tokens leave a few at a time: every chunk costs the client (the openai SDK: ~1 ms of CPU) and the loop CPU,
+and when the decode threads hold every core, that CPU is taken from them (they wait for each other at every step).
+The first text and every other event (end, error, model change) still go out at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import os
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 
@@ -18,29 +25,48 @@ from starlette.types import Receive, Scope, Send
 from governor.engine.events import Ended, Event, Failed, ModelChanged, Text, Trimmed
 from governor.engine.replies import Reply, dumps
 
+AUTO_INTERVAL_S = 0.1  # 10 writes a second at most: the client's per-chunk CPU is then ~1 % of a core or less
+
+
+def stream_interval_s(setting_ms: float | None, threads: int) -> float:
+    """The stream interval for an answer that starts now: `setting_ms` when given (0 = every token at once), else
+    (auto) AUTO_INTERVAL_S when the decode threads take every CPU this process may run on — the client's work then
+    runs on a core a decode thread needs — and 0 when a core is left for it."""
+    if setting_ms is not None:
+        return setting_ms / 1000
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return AUTO_INTERVAL_S if threads >= cpus else 0.0
+
 
 class Events:
     """One generation's events, handed from the worker thread to the event loop.
 
-    Not `eager` (a non-streamed answer): text does not wake the loop at all, only the other events do.
-    `hang_up()` (on the loop, when the client goes away) makes `batch()` return None.
+    Not `eager` (a non-streamed answer): text does not wake the loop at all, only the other events do. Eager, text
+    is handed out no sooner than `interval_s` after the last batch that carried text (the first text at once); every
+    other event at once, with the text before it. `hang_up()` (on the loop, when the client goes away) makes
+    `batch()` return None.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, *, eager: bool) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, eager: bool, interval_s: float = 0.0) -> None:
         self._loop = loop
         self._eager = eager
+        self._interval_s = interval_s
         self._items: deque[Event] = deque()
         self._waiter: asyncio.Future[None] | None = None
-        self._scheduled = False
+        self._scheduled = False  # a wake-up is on its way to the loop
+        self._urgent = False  # an event other than text is waiting
+        self._text_at: float | None = None  # loop time of the last batch with text
+        self._timer: asyncio.TimerHandle | None = None
         self.gone = False
         self.ended = False  # the worker sent the last event (Ended or Failed)
 
     def __call__(self, event: Event) -> None:  # on the worker thread
         self._items.append(event)
-        if isinstance(event, Ended | Failed):
-            self.ended = True
-        if not self._eager and isinstance(event, Text):
-            return
+        if not isinstance(event, Text):
+            self.ended = self.ended or isinstance(event, Ended | Failed)
+            self._urgent = True
+        elif not self._eager or self._timer is not None:
+            return  # the loop will look when the interval is over (a stale read costs one needless wake-up at most)
         if not self._scheduled:
             self._scheduled = True
             self._loop.call_soon_threadsafe(self._wake)
@@ -59,18 +85,32 @@ class Events:
         self._resume()
 
     async def batch(self) -> list[Event] | None:
-        """Every event that arrived since the last call (waiting for the first one); None once the client is gone."""
-        while not self._items and not self.gone:
-            self._waiter = self._loop.create_future()
+        """Every event that arrived since the last call (waiting for the first one, and for text while the
+        interval runs); None once the client is gone."""
+        loop = self._loop
+        while not self.gone:
+            if self._items:
+                due = -math.inf if self._text_at is None else self._text_at + self._interval_s
+                if self._urgent or due <= loop.time():
+                    break
+                if self._timer is None:
+                    self._timer = loop.call_at(due, self._resume)
+            self._waiter = loop.create_future()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self.gone:
             return None
+        self._urgent = False
         out = list(self._items)
         for _ in out:
             self._items.popleft()
+        if any(isinstance(ev, Text) for ev in out):
+            self._text_at = loop.time()
         return out
 
 

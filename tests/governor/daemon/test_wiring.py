@@ -12,7 +12,7 @@ import pytest
 from govbase.errors import GovernorError
 from governor.cli import build_parser
 from governor.clock import RealClock
-from governor.daemon.app import keep_alive, policy_loader, uevent_handler
+from governor.daemon.app import engine_options, policy_loader, uevent_handler
 from governor.daemon.engine import SupervisedEngine, engine_command
 from governor.daemon.metrics import DaemonMetrics
 from governor.daemon.supervisor import EngineSupervisor, RestartPolicy
@@ -120,13 +120,16 @@ def test_engine_rss_is_read_from_outside_when_the_engine_does_not_say() -> None:
         engine.close()
 
 
-def test_the_engine_gets_the_policys_keep_alive(tmp_path: Path) -> None:
-    policy = load_policy("default").model_copy(update={"engine": EngineOptions(keep_alive_s=42.0)})
-    assert keep_alive(StateMachine(policy)) == 42.0
+def test_the_engine_gets_the_policys_engine_options(tmp_path: Path) -> None:
+    options = EngineOptions(keep_alive_s=42.0, stream_interval_ms=0.0)
+    policy = load_policy("default").model_copy(update={"engine": options})
     cfg = EngineConfig(threads=1, n_ctx=512, kv_type="f16", model="small")
-    argv = engine_command(tmp_path / "l.toml", tmp_path / "e.sock", cfg, keep_alive_s=keep_alive(StateMachine(policy)))
+    argv = engine_command(tmp_path / "l.toml", tmp_path / "e.sock", cfg, options=engine_options(StateMachine(policy)))
     assert argv[argv.index("--keep-alive") + 1] == "42"
-    assert load_policy("default").engine.keep_alive_s == 300.0
+    assert argv[argv.index("--stream-interval-ms") + 1] == "0"
+    default = engine_command(tmp_path / "l.toml", tmp_path / "e.sock", cfg, options=load_policy("default").engine)
+    assert default[default.index("--keep-alive") + 1] == "300"
+    assert "--stream-interval-ms" not in default  # auto: the engine decides from its threads and the CPUs
 
 
 def test_the_engine_child_starts_with_every_setting_of_the_decision(tmp_path: Path, demo_ladder: Path) -> None:
