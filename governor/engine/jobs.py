@@ -51,6 +51,7 @@ class Counters:
     context_shifts_total: int = 0  # answers whose prompt reused the cache by moving it (governor.engine.window)
     shifted_tokens_total: int = 0  # tokens those shifts removed from the cache
     cache_copies_total: int = 0  # reloads (an n_ctx change) that copied the KV cache into the new context
+    warm_swaps_total: int = 0  # reloads (a KV type change) built beside the answering context (governor.engine.swap)
 
 
 @dataclass(eq=False)

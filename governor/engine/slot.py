@@ -80,6 +80,14 @@ class Slot:
         log.info("engine.model_loaded", model=spec.name, why=why, seconds=round(self.last_load_s, 3))
         return model
 
+    def replace(self, model: LoadedModel) -> None:
+        """Put a model built elsewhere (governor.engine.swap) in place of the current one, which is closed."""
+        self.unload(why="config")
+        self.current = model
+        self.weight_buffers_mib = model.weight_buffers_mib
+        self.loads_total += 1
+        self.touch()
+
     def unload(self, *, why: str) -> None:
         if self.current is None:
             return

@@ -26,6 +26,7 @@ from governor.engine.jobs import ConfigJob, Counters, Job, Run, usage
 from governor.engine.model import LoadedModel, ModelLoadError, SavedSequence
 from governor.engine.prompts import prepare, refit
 from governor.engine.slot import Slot
+from governor.engine.swap import WarmSwap, why_cold
 from governor.engine.window import ContextShift
 from policies.decision import EngineConfig
 from sensors.root import Root
@@ -59,6 +60,7 @@ class Worker:
         self._stopping = False
         self._emits: deque[float] = deque(maxlen=64)
         self._run: Run | None = None  # the generation in progress (read by the loop thread to interrupt it)
+        self._swap: WarmSwap | None = None  # a KV type change being built beside the answering context
         self._running: Job | None = None
         self.decode_tokens_per_s: float | None = None
         self.generation_s: float | None = None  # recent generation length, for Retry-After
@@ -158,22 +160,8 @@ class Worker:
                     self.counters.generations_cancelled += 1
                     job.sink(Ended("cancelled", usage(0, 0)))
                     continue
-                self.busy = True
-                self._running = job
-                self.on_change()
-                final: Last
-                try:
-                    final = self._ensure_loaded(job) or self._generate(job)
-                except Exception as exc:  # last resort: this job fails, the engine keeps serving
-                    log.exception("engine.generation_crashed")
-                    self.counters.generations_failed += 1
-                    final = Failed(500, f"internal error: {type(exc).__name__}: {exc}", "internal_error")
-                finally:
-                    self.busy = False
-                    self._running = self._run = None
-                    self.slot.touch()
-                    self.on_change()
-                job.sink(final)  # after `busy` is cleared: a client that has its answer sees an idle engine
+                self._serve(job)
+                self._apply_pending(None)  # a change that came during the answer, or a warm swap still building
         except BaseException:
             # Only a model that can be neither rebuilt nor restored gets here: exit so that the daemon restarts us.
             log.exception("engine.worker_died")
@@ -181,6 +169,24 @@ class Worker:
         finally:
             self._drain()
             self.slot.unload(why="stop")
+
+    def _serve(self, job: Job) -> None:
+        self.busy = True
+        self._running = job
+        self.on_change()
+        final: Last
+        try:
+            final = self._ensure_loaded(job) or self._generate(job)
+        except Exception as exc:  # last resort: this job fails, the engine keeps serving
+            log.exception("engine.generation_crashed")
+            self.counters.generations_failed += 1
+            final = Failed(500, f"internal error: {type(exc).__name__}: {exc}", "internal_error")
+        finally:
+            self.busy = False
+            self._running = self._run = None
+            self.slot.touch()
+            self.on_change()
+        job.sink(final)  # after `busy` is cleared: a client that has its answer sees an idle engine
 
     def _ensure_loaded(self, job: Job) -> Failed | None:
         """Load the model for a request after an idle unload; an error event when it cannot be loaded."""
@@ -205,6 +211,9 @@ class Worker:
                 job.sink(stopping())
         with self._lock:
             pending, self._pending = self._pending, []
+        if self._swap is not None:
+            self._swap.cancel()
+            pending.append(self._swap.job)
         for cj in pending:
             cj.fail(ConfigRefused("the engine is shutting down", param=None, code="engine_stopping", status=503))
 
@@ -277,7 +286,7 @@ class Worker:
     def _decode(self, run: Run) -> None:
         job, limit = run.job, run.job.request.token_limit()
         while True:
-            if self._pending:
+            if self._pending or (self._swap is not None and self._swap.ready):
                 self._apply_pending(run)
             if run.finish is not None:
                 return
@@ -349,6 +358,10 @@ class Worker:
     def _apply_pending(self, run: Run | None) -> None:
         with self._lock:
             pending, self._pending = self._pending, []
+        # The warm swap is done, or must be: a newer change applies on top of it, and between answers it is the
+        # conversation's cache (waiting for it, as a cold reload would have).
+        if self._swap is not None and (self._swap.ready or pending or run is None):
+            self._finish_swap(run)
         for cj in pending:
             t0 = time.perf_counter()
             cj.tokens_waited = self.counters.tokens_generated_total - cj.tokens_at
@@ -369,6 +382,8 @@ class Worker:
                 cj.done(target, "live", time.perf_counter() - t0)
                 self.on_change()
                 log.info("engine.config", applied="live", **target.model_dump())
+                continue
+            if run is not None and self._start_swap(target, run, cj):
                 continue
             try:
                 self._reload(target, run)
@@ -417,6 +432,51 @@ class Worker:
         self._restore(saved)
         if run is not None:
             self._resume(run)
+
+    def _start_swap(self, target: EngineConfig, run: Run, cj: ConfigJob) -> bool:
+        """Build `target` warm beside the answering context when it can be (governor.engine.swap)."""
+        limit = run.job.request.token_limit()
+        room = room_for_answer(target.n_ctx, None if limit is None else max(limit - run.n_completion, 1))
+        why = why_cold(self.model, self.settings, target, len(run.ctx_tokens), room)
+        if why is not None:
+            log.info("engine.swap_cold", why=why)
+            return False
+        half = self.model.threads // 2
+        self._swap = WarmSwap(
+            self.models[target.model],
+            target,
+            run.ctx_tokens,
+            threads=half,
+            extra_buffers=self.extra_buffers.enabled,
+            job=cj,
+        )
+        self.model.set_threads(self.model.threads - half)
+        return True
+
+    def _finish_swap(self, run: Run | None) -> None:
+        """Switch to the context the swap built (waiting for it), or stay on the old one when the build failed."""
+        swap, self._swap = self._swap, None
+        assert swap is not None
+        built = swap.take()
+        if built is None:
+            self.model.set_threads(self.settings.threads)
+            swap.job.fail(ConfigRefused(f"cannot build it: {swap.error}", param=None, code="reload_failed", status=500))
+            return
+        if run is not None and run.gen is not None:
+            run.gen.close()
+            run.gen = None
+        self.slot.replace(built)
+        built.set_threads(swap.target.threads)
+        self.settings = swap.target
+        self.counters.reloads_total += 1
+        self.counters.warm_swaps_total += 1
+        if run is not None:
+            self._resume(run)  # the cache holds the answer up to the swap's start: the rest is evaluated
+        seconds = time.perf_counter() - swap.started
+        swap.job.tokens_waited = self.counters.tokens_generated_total - swap.job.tokens_at  # answered meanwhile
+        swap.job.done(swap.target, "reload", seconds)
+        self.on_change()
+        log.info("engine.config", applied="reload", warm=True, seconds=round(seconds, 3), **swap.target.model_dump())
 
     def _restore(self, saved: SavedSequence | None) -> None:
         if saved is None:

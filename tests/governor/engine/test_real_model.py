@@ -193,3 +193,31 @@ def test_a_reload_mid_answer_continues_the_same_answer(
     before, whole = story_with_a_change(engine, change)
     assert_seamless(before, whole, reference_story)
     assert engine.status()[next(iter(change))] == next(iter(change.values()))
+
+
+def test_a_kv_type_change_mid_answer_is_built_warm_while_the_answer_goes_on(
+    engine: Engine, reference_story: str
+) -> None:
+    # Two threads: the new cache is built with one while the answer goes on with the other (governor.engine.swap).
+    assert engine.config(threads=2).status_code == 200
+    warm_before = engine.status()["warm_swaps_total"]
+    before, whole = story_with_a_change(engine, {"kv_type": "q8_0"}, after_chunks=8)
+    status = engine.status()
+    assert status["warm_swaps_total"] == warm_before + 1
+    assert status["kv_type"] == "q8_0"
+    assert status["threads"] == 2  # both halves back on the new context
+    applied = engine.log_events("engine.config")[-1]
+    assert applied["warm"] is True
+    assert_seamless(before, whole, reference_story)
+
+
+def test_while_a_warm_swap_builds_the_answer_keeps_coming(engine: Engine) -> None:
+    assert engine.config(threads=2, max_tokens_per_s=25).status_code == 200
+    thread, seen = engine.stream_in_thread(greedy(STORY, 110))
+    eventually(lambda: len(seen.arrivals) >= 5, timeout_s=60)
+    r = engine.config(kv_type="q8_0")
+    thread.join(200)
+    assert r.status_code == 200, r.text
+    # Cold, the answer stops until the change is applied: at most the token in flight comes meanwhile.
+    assert r.json()["tokens_waited"] > 1, r.json()
+    assert seen.done

@@ -1,0 +1,119 @@
+"""A warm swap: the new KV cache built beside the old one while the answer goes on (issue 11, point 3).
+
+A change of KV type mid-answer must evaluate the whole conversation again in the new cache. Cold, the answer stops
+for unload + load + prefill. Warm — when there is memory for a second context of the same weights (llama.cpp maps
+the file, so only the new cache, its compute buffer and any repacked weights are new) — a thread builds the new
+context and prefills the answer's tokens so far with half of the threads while the worker decodes on with the other
+half; at the first token boundary after it is ready the worker switches: the new context evaluates only the tokens
+that came meanwhile (llama-cpp-python's prefix reuse), the old one is closed. The client sees a slower stretch
+instead of a pause. A newer change or the end of the answer waits for the build (it is the conversation's cache),
+a shutdown cancels it (llama.cpp's abort callback stops the prefill between graph nodes).
+
+Model changes stay cold: two models' weights at once is what a device short of memory cannot afford.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+import psutil
+
+from governor.engine.config import ModelSpec
+from governor.engine.jobs import ConfigJob
+from governor.engine.model import LoadedModel
+from policies.decision import EngineConfig
+from policies.memfit import MIB, MemFitError, ModelFootprint
+from policies.schema import Memory
+
+RESERVE_BYTES = Memory().reserve_mb * MIB  # left free for everything else, as the policy's memory fit does
+
+
+def why_cold(model: LoadedModel, settings: EngineConfig, target: EngineConfig, tokens: int, room: int) -> str | None:
+    """None when `target` can be built warm beside `model` (the answer's `tokens` so far plus `room` for the rest
+    fit its context), else why not."""
+    if target.model != settings.model or target.kv_type == settings.kv_type:
+        return "not a KV type change of the same model"
+    if model.threads < 2:
+        return "one thread: nothing to split"
+    if tokens + room > target.n_ctx:
+        return "the answer does not fit the new context as it is"
+    try:
+        need = extra_bytes(model, target)
+    except MemFitError as exc:
+        return str(exc)
+    available = psutil.virtual_memory().available
+    if available - need < RESERVE_BYTES:
+        return f"{need / MIB:.0f} MiB more would leave less than {RESERVE_BYTES / MIB:.0f} MiB of {available / MIB:.0f}"
+    return None
+
+
+def extra_bytes(model: LoadedModel, target: EngineConfig) -> float:
+    """What a second context of `model`'s weights with `target` adds: its KV cache and compute buffer, plus the
+    weights llama.cpp copied out of the mapped file (repacked: CPU_REPACK, AMX)."""
+    llm = model.llm
+    meta: dict[str, str] = llm.metadata
+    footprint = ModelFootprint.from_fields(model.spec.path, meta.get, n_vocab=llm.n_vocab())
+    copied = sum(mib for name, mib in model.weight_buffers_mib.items() if name != "CPU_Mapped") * MIB
+    kv = footprint.kv_bytes(target.n_ctx, target.kv_type)
+    return kv + footprint.compute_bytes(target.n_ctx, target.n_batch) + copied
+
+
+class WarmSwap:
+    """Builds `target` in a thread: load, then prefill `tokens` with `threads` threads."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        target: EngineConfig,
+        tokens: Sequence[int],
+        *,
+        threads: int,
+        extra_buffers: bool,
+        job: ConfigJob,
+    ) -> None:
+        self.target = target
+        self.job = job
+        self.started = time.perf_counter()
+        self.model: LoadedModel | None = None
+        self.error: Exception | None = None
+        self._cancelled = False
+        self._done = threading.Event()
+        build = target.model_copy(update={"threads": threads})
+        self._thread = threading.Thread(
+            target=self._build, args=(spec, build, list(tokens), extra_buffers), name="engine-swap", daemon=True
+        )
+        self._thread.start()
+
+    def _build(self, spec: ModelSpec, build: EngineConfig, tokens: list[int], extra_buffers: bool) -> None:
+        try:
+            self.model = LoadedModel(spec, build, extra_buffers=extra_buffers)
+            with self.model.interruptible():
+                if not self._cancelled:  # checked after `interruptible` cleared the abort flag
+                    self.model.llm.eval(tokens)
+        except Exception as exc:  # reported by take(); the old context goes on
+            self.error = exc
+        finally:
+            self._done.set()
+
+    @property
+    def ready(self) -> bool:
+        return self._done.is_set()
+
+    def take(self) -> LoadedModel | None:
+        """The built context (waiting for it), or None when it failed (`error` says why)."""
+        self._done.wait()
+        if self.error is not None and self.model is not None:
+            self.model.close()
+            self.model = None
+        return self.model
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        if self.model is not None:
+            self.model.abort()
+        self._done.wait()
+        if self.model is not None:
+            self.model.close()
+            self.model = None
