@@ -4,7 +4,9 @@
 
 The same model, prompt and settings (greedy, a fixed number of tokens, streamed) on three sides:
 - in-process: `Llama.create_chat_completion(stream=True)` in this process;
-- ours: `governor engine --model` read through its Unix socket by the openai SDK (unchanged, httpx over the socket);
+- ours: `governor engine --model` read through its Unix socket by the openai SDK (unchanged, httpx over the socket),
+  with its default stream interval (auto: 100 ms when the threads take every CPU), and "ours/every-token" with
+  `--stream-interval-ms 0` (a chunk per token, as before the interval existed);
 - llama_cpp.server (uvicorn on a Unix socket), read by the same openai SDK client.
 Rate = (tokens - 1) ÷ (time from the first text chunk to the final chunk), as the client sees it. Each round runs
 the three sides back to back, in an order rotated every round; the ratios are medians of per-round ratios (goals:
@@ -57,7 +59,7 @@ from governor.engine import demo
 STORY: Messages = [
     {"role": "user", "content": "Write a very long story about a dragon who learns to cook. Use at least 500 words."}
 ]
-SIDES = ("in-process", "ours", "llama_cpp.server")
+SIDES = ("in-process", "ours", "ours/every-token", "llama_cpp.server")
 
 
 @dataclass(frozen=True)
@@ -97,18 +99,17 @@ def bench_decode(
     with contextlib.ExitStack() as stack:
         llm = load(path, n_ctx, threads)
         stack.callback(llm.close)
-        ours = stack.enter_context(
-            served(
-                our_engine(tmp / "ours.sock", "--model", str(path), "--ctx", str(n_ctx), "--threads", str(threads)),
-                tmp / "ours.sock",
-            )
+        ours_args = ("--model", str(path), "--ctx", str(n_ctx), "--threads", str(threads))
+        ours = stack.enter_context(served(our_engine(tmp / "ours.sock", *ours_args), tmp / "ours.sock"))
+        every = stack.enter_context(
+            served(our_engine(tmp / "every.sock", *ours_args, "--stream-interval-ms", "0"), tmp / "every.sock")
         )
         peer = stack.enter_context(
             served(llama_cpp_server(tmp / "peer.sock"), tmp / "peer.sock", llama_cpp_server_env(path, n_ctx, threads))
         )
-        sdk_ours, sdk_peer = openai_client(ours.sock), openai_client(peer.sock)
-        stack.callback(sdk_ours.close)
-        stack.callback(sdk_peer.close)
+        sdk_ours, sdk_every, sdk_peer = openai_client(ours.sock), openai_client(every.sock), openai_client(peer.sock)
+        for sdk_client in (sdk_ours, sdk_every, sdk_peer):
+            stack.callback(sdk_client.close)
         model = path.stem
 
         def sdk(client: object, extra: dict[str, object]) -> Callable[[], Run]:
@@ -130,11 +131,16 @@ def bench_decode(
             chunks = llm.create_chat_completion(messages=messages, stream=True, **body)  # type: ignore[arg-type]
             return measure_stream(chunks, args.tokens)
 
-        pids = {"ours": ours.proc.pid, "llama_cpp.server": peer.proc.pid}
+        pids = {"ours": ours.proc.pid, "ours/every-token": every.proc.pid, "llama_cpp.server": peer.proc.pid}
+
+        def server_side(side: str, client: object, extra: dict[str, object]) -> Callable[[], Round]:
+            return lambda: timed(sdk(client, extra), pids[side], [p for k, p in pids.items() if k != side])
+
         sides: dict[str, Callable[[], Round]] = {
             "in-process": lambda: timed(in_process, None, list(pids.values())),
-            "ours": lambda: timed(sdk(sdk_ours, {"ignore_eos": True}), pids["ours"], [pids["llama_cpp.server"]]),
-            "llama_cpp.server": lambda: timed(sdk(sdk_peer, {}), pids["llama_cpp.server"], [pids["ours"]]),
+            "ours": server_side("ours", sdk_ours, {"ignore_eos": True}),
+            "ours/every-token": server_side("ours/every-token", sdk_every, {"ignore_eos": True}),
+            "llama_cpp.server": server_side("llama_cpp.server", sdk_peer, {}),
         }
         for side in sides.values():  # warm up: page in the weights, fill each side's prompt cache
             side()
@@ -143,7 +149,7 @@ def bench_decode(
         for i in itertools.count():
             if len(kept) >= args.runs or i >= 3 * args.runs:
                 break
-            order = SIDES[i % 3 :] + SIDES[: i % 3]
+            order = SIDES[i % len(SIDES) :] + SIDES[: i % len(SIDES)]
             got = {k: sides[k]() for k in order}
             if max(r.foreign_cores for r in got.values()) > args.max_foreign:
                 dropped += 1
@@ -187,6 +193,7 @@ def report(name: str, threads: int, args: argparse.Namespace, kept: list[dict[st
 
     paired("ours", "in-process", ">= 0.99")
     paired("ours", "llama_cpp.server", ">= 1.05")
+    paired("ours/every-token", "in-process", "-")
     paired("llama_cpp.server", "in-process", "-")
 
 

@@ -60,8 +60,15 @@ def extra_bytes(model: LoadedModel, target: EngineConfig) -> float:
     return kv + footprint.compute_bytes(target.n_ctx, target.n_batch) + copied
 
 
+CATCH_UP_ROUNDS = 4  # after the prefill, evaluations of the tokens the answer gained meanwhile
+
+
 class WarmSwap:
-    """Builds `target` in a thread: load, then prefill `tokens` with `threads` threads."""
+    """Builds `target` in a thread: load, then prefill `tokens` with `threads` threads.
+
+    `tokens` is the answer's live list (the worker appends each new token): after the prefill the thread also
+    evaluates what was added meanwhile, a few rounds, so that the switch itself has one or two tokens left to do.
+    """
 
     def __init__(
         self,
@@ -82,16 +89,24 @@ class WarmSwap:
         self._done = threading.Event()
         build = target.model_copy(update={"threads": threads})
         self._thread = threading.Thread(
-            target=self._build, args=(spec, build, list(tokens), extra_buffers), name="engine-swap", daemon=True
+            target=self._build, args=(spec, build, tokens, extra_buffers), name="engine-swap", daemon=True
         )
         self._thread.start()
 
-    def _build(self, spec: ModelSpec, build: EngineConfig, tokens: list[int], extra_buffers: bool) -> None:
+    def _build(self, spec: ModelSpec, build: EngineConfig, tokens: Sequence[int], extra_buffers: bool) -> None:
         try:
             self.model = LoadedModel(spec, build, extra_buffers=extra_buffers)
+            llm = self.model.llm
             with self.model.interruptible():
-                if not self._cancelled:  # checked after `interruptible` cleared the abort flag
-                    self.model.llm.eval(tokens)
+                done = 0
+                for _ in range(1 + CATCH_UP_ROUNDS):
+                    if self._cancelled:  # checked after `interruptible` cleared the abort flag
+                        break
+                    upto = len(tokens) - 1  # the last token is evaluated at the switch (its logits sample the next)
+                    if upto - done < 2:
+                        break
+                    llm.eval(tokens[done:upto])
+                    done = upto
         except Exception as exc:  # reported by take(); the old context goes on
             self.error = exc
         finally:
