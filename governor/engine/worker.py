@@ -14,19 +14,18 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 import structlog
 
-from governor.engine.chat import room_for_answer
-from governor.engine.config import ConfigRefused, ModelSpec, resolve
-from governor.engine.events import Ended, Failed, Last, ModelChanged, Started, Text, Trimmed, stopping
+from governor.engine.config import ConfigRefused, ModelSpec
+from governor.engine.events import Ended, Failed, Last, Started, Text, stopping
 from governor.engine.extra_buffers import ExtraBuffers, choose
 from governor.engine.jobs import ConfigJob, Counters, Job, Run, usage
-from governor.engine.model import LoadedModel, ModelLoadError, SavedSequence
-from governor.engine.prompts import prepare, refit
+from governor.engine.model import ModelLoadError
+from governor.engine.prompts import prepare
+from governor.engine.reconfig import Reconfigure
 from governor.engine.slot import Slot
-from governor.engine.swap import WarmSwap, why_cold
+from governor.engine.swap import WarmSwap
 from governor.engine.window import ContextShift
 from policies.decision import EngineConfig
 from sensors.root import Root
@@ -34,7 +33,7 @@ from sensors.root import Root
 log = structlog.get_logger("governor.engine")
 
 
-class Worker:
+class Worker(Reconfigure):
     def __init__(
         self,
         models: dict[str, ModelSpec],
@@ -66,12 +65,6 @@ class Worker:
         self.generation_s: float | None = None  # recent generation length, for Retry-After
         self.on_change: Callable[[], None] = _nothing  # busy flipped or settings changed (on this thread)
         self._thread = threading.Thread(target=self._loop, name="engine-worker", daemon=True)
-
-    @property
-    def model(self) -> LoadedModel:
-        """The loaded model; only called where one is (while answering, or after `_ensure_loaded`)."""
-        assert self.slot.current is not None
-        return self.slot.current
 
     # --- called from the event loop ---
 
@@ -354,178 +347,6 @@ class Worker:
             self._wake.clear()
             if self._pending:
                 self._apply_pending(run)
-
-    def _apply_pending(self, run: Run | None) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, []
-        # The warm swap is done, or must be: a newer change applies on top of it, and between answers it is the
-        # conversation's cache (waiting for it, as a cold reload would have).
-        if self._swap is not None and (self._swap.ready or pending or run is None):
-            self._finish_swap(run)
-        for cj in pending:
-            t0 = time.perf_counter()
-            cj.tokens_waited = self.counters.tokens_generated_total - cj.tokens_at
-            try:
-                target = resolve(self.settings, cj.change, self.models)
-            except ConfigRefused as exc:
-                cj.fail(exc)
-                continue
-            if not self.slot.loaded:  # the next load uses them
-                self.settings = target
-                cj.done(target, "unloaded", time.perf_counter() - t0)
-                log.info("engine.config", applied="unloaded", **target.model_dump())
-                continue
-            if not self.settings.needs_reload(target):
-                if target.threads != self.model.threads:
-                    self.model.set_threads(target.threads)
-                self.settings = target
-                cj.done(target, "live", time.perf_counter() - t0)
-                self.on_change()
-                log.info("engine.config", applied="live", **target.model_dump())
-                continue
-            if run is not None and self._start_swap(target, run, cj):
-                continue
-            try:
-                self._reload(target, run)
-            except ModelLoadError as exc:
-                cj.fail(ConfigRefused(str(exc), param=None, code="reload_failed", status=500))
-                continue
-            seconds = time.perf_counter() - t0
-            self.counters.reloads_total += 1
-            cj.done(target, "reload", seconds)
-            self.on_change()
-            log.info(
-                "engine.config",
-                applied="reload",
-                seconds=round(seconds, 3),
-                mid_answer=run is not None,
-                **target.model_dump(),
-            )
-
-    def _reload(self, target: EngineConfig, run: Run | None) -> None:
-        """Close the old model first (memory is what a device lacks), build the new one, re-evaluate the answer.
-
-        When the new model cannot be built, the old settings are rebuilt and the answer continues there.
-        """
-        if run is not None and run.gen is not None:
-            run.gen.close()
-            run.gen = None
-        previous = self.settings
-        # Same model and KV type (an n_ctx change): the cache's contents can be copied into the new context.
-        same_cache = previous.model == target.model and previous.kv_type == target.kv_type
-        saved = self.model.save_sequence() if same_cache else None
-        self.slot.unload(why="config")
-        try:
-            self.slot.load(self.models[target.model], target, why="config", warm=run is None)
-            self.settings = target
-        except ModelLoadError:
-            try:
-                self.slot.load(self.models[previous.model], previous, why="config", warm=run is None)
-            except ModelLoadError as exc:
-                # No model at all (the old one is closed: touching it would crash): exit so the daemon restarts us.
-                log.critical("engine.no_model", error=str(exc))
-                os._exit(70)
-            self._restore(saved)
-            if run is not None:
-                self._resume(run)
-            raise
-        self._restore(saved)
-        if run is not None:
-            self._resume(run)
-
-    def _start_swap(self, target: EngineConfig, run: Run, cj: ConfigJob) -> bool:
-        """Build `target` warm beside the answering context when it can be (governor.engine.swap)."""
-        limit = run.job.request.token_limit()
-        room = room_for_answer(target.n_ctx, None if limit is None else max(limit - run.n_completion, 1))
-        why = why_cold(self.model, self.settings, target, len(run.ctx_tokens), room)
-        if why is not None:
-            log.info("engine.swap_cold", why=why)
-            return False
-        half = self.model.threads // 2
-        self._swap = WarmSwap(
-            self.models[target.model],
-            target,
-            run.ctx_tokens,
-            threads=half,
-            extra_buffers=self.extra_buffers.enabled,
-            job=cj,
-        )
-        self.model.set_threads(self.model.threads - half)
-        return True
-
-    def _finish_swap(self, run: Run | None) -> None:
-        """Switch to the context the swap built (waiting for it), or stay on the old one when the build failed."""
-        swap, self._swap = self._swap, None
-        assert swap is not None
-        built = swap.take()
-        if built is None:
-            self.model.set_threads(self.settings.threads)
-            swap.job.fail(ConfigRefused(f"cannot build it: {swap.error}", param=None, code="reload_failed", status=500))
-            return
-        if run is not None and run.gen is not None:
-            run.gen.close()
-            run.gen = None
-        self.slot.replace(built)
-        built.set_threads(swap.target.threads)
-        self.settings = swap.target
-        self.counters.reloads_total += 1
-        self.counters.warm_swaps_total += 1
-        if run is not None:
-            self._resume(run)  # the cache holds the answer up to the swap's start: the rest is evaluated
-        seconds = time.perf_counter() - swap.started
-        swap.job.tokens_waited = self.counters.tokens_generated_total - swap.job.tokens_at  # answered meanwhile
-        swap.job.done(swap.target, "reload", seconds)
-        self.on_change()
-        log.info("engine.config", applied="reload", warm=True, seconds=round(seconds, 3), **swap.target.model_dump())
-
-    def _restore(self, saved: SavedSequence | None) -> None:
-        if saved is None:
-            return
-        kept = self.model.restore_sequence(saved)
-        if kept:
-            self.counters.cache_copies_total += 1
-        log.info("engine.cache_copied" if kept else "engine.cache_not_copied", tokens=len(saved.tokens))
-
-    def _resume(self, run: Run) -> None:
-        """Continue `run` in the new context: the same tokens when they fit, else a re-rendered, trimmed prompt."""
-        m, req = self.model, run.job.request
-        limit = req.token_limit()
-        room = room_for_answer(m.n_ctx, None if limit is None else max(limit - run.n_completion, 1))
-        if run.model_name != m.spec.name or len(run.ctx_tokens) + room > m.n_ctx:
-            trimmed = run.trimmed
-            if not refit(m, run, room):
-                run.finish = "length"  # not even the last message and the answer so far fit: end the answer there
-                return
-            if run.trimmed > trimmed:
-                self._log_trim(run, "reconfig", run.trimmed - trimmed)
-                run.job.sink(Trimmed(run.trimmed))
-        if run.model_name != m.spec.name:
-            run.model_name = m.spec.name
-            run.job.sink(ModelChanged(m.spec.name))
-        # The decode loop evaluates what the cache lacks (all of it, or after a cache copy only the last token), as
-        # an interruptible prefill: a newer change, a cancel or a shutdown stops it between batches.
-        run.gen = None
-        run.prefilling = True
-
-    def _generator(self, run: Run) -> Any:
-        """A generator that continues `run`: its grammar state is replayed from the answer's tokens so far."""
-        req = run.job.request
-        replay = run.ctx_tokens[run.answer_from :]
-        return self.model.generate(
-            run.ctx_tokens, req.sampling(), req.seed, grammar=run.job.constraint.grammar, replay=replay
-        )
-
-    def _log_trim(self, run: Run, when: str, delta: int) -> None:
-        self.counters.trimmed_messages_total += delta
-        log.info(
-            "engine.trimmed",
-            when=when,
-            trimmed_messages=run.trimmed,
-            kept=len(run.messages or ()) - run.trimmed,
-            n_ctx=self.model.n_ctx,
-            context=self._context(),
-            shifted_tokens=run.shifted,
-        )
 
 
 def _nothing() -> None:
