@@ -10,7 +10,7 @@ from policies.contention import ThreadsNote
 from policies.decision import PRIORITY, EngineConfig, State
 from policies.decision import readable as _n
 from policies.memfit import MIB, Fit
-from policies.readings import Sense
+from policies.readings import Sense, ThermalView
 from policies.schema import Policy
 from sensors.snapshot import EngineObservation
 
@@ -42,6 +42,15 @@ class Tick:
     sized_by: tuple[str, ...] = ()  # owners of the holds whose max_tier / max_ctx the config sits at
 
 
+def _headroom(v: ThermalView) -> str:
+    """The binding zone against its own trip, e.g. "skin-therm 41.8 °C, 1.2 °C under its 43 °C trip"."""
+    if v.temp_c is None:
+        return "temperature unknown"
+    room = v.trip_c - v.temp_c
+    side = "under" if room >= 0 else "over"
+    return f"{v.zone} {v.temp_c:.1f} °C, {abs(room):.1f} °C {side} its {_n(v.trip_c)} °C trip"
+
+
 def _why_on(k: Tick, state: State) -> tuple[str, str]:
     """(rule, clause) for a state's condition being true."""
     v, pol = k.sense.view, k.policy
@@ -49,8 +58,8 @@ def _why_on(k: Tick, state: State) -> tuple[str, str]:
     if state == State.CRITICAL:
         if k.sense.given_up is not None:
             return "supervisor.given_up", k.sense.given_up
-        if k.sense.crit_thermal and v.temp_c is not None:
-            return "thermal.critical", f"{v.zone} {v.temp_c:.1f} °C ≥ critical {_n(v.critical_c)} °C"
+        if k.sense.crit_thermal and v.critical_temp_c is not None:
+            return "thermal.critical", f"{v.critical_zone} {v.critical_temp_c:.1f} °C ≥ critical {_n(v.critical_c)} °C"
         if k.sense.crit_battery and pct is not None:
             return "battery.critical", f"battery {pct:.0f} % ≤ {_n(pol.battery.critical_percent)} % on battery power"
         if k.sense.crit_memory and k.sense.available is not None:
@@ -65,9 +74,9 @@ def _why_on(k: Tick, state: State) -> tuple[str, str]:
             horizon = _n(pol.thermal.forecast_horizon_s)
             return (
                 "thermal.forecast_enter",
-                f"forecast {k.sense.forecast_c:.1f} °C in {horizon} s ≥ {_n(v.hot_enter_c)} °C",
+                f"forecast {k.sense.forecast_c:.1f} °C in {horizon} s ≥ {_n(v.hot_enter_c)} °C ({_headroom(v)})",
             )
-        return "thermal.enter", f"{v.zone} {v.temp_c:.1f} °C ≥ {_n(v.hot_enter_c)} °C"
+        return "thermal.enter", f"{v.zone} {v.temp_c:.1f} °C ≥ {_n(v.hot_enter_c)} °C ({_headroom(v)})"
     if state == State.LOW_BATTERY:
         level = "unknown" if pct is None else f"{pct:.0f} %"
         return "battery.low", f"battery {level} ≤ {_n(pol.battery.low_percent)} % on battery power"
@@ -146,7 +155,7 @@ def _rule(k: Tick) -> tuple[str, str]:
         clauses.append(f"pinned by a client hold ({_why_on(k, k.state)[1]})")
     elif k.state == State.HOT and k.pi_u is not None and v.temp_c is not None:
         rule = "thermal.pi"
-        clauses.append(f"{v.zone} {v.temp_c:.1f} °C, setpoint {_n(v.setpoint_c)} °C, PI output {k.pi_u:.2f}")
+        clauses.append(f"{_headroom(v)}, setpoint {_n(v.setpoint_c)} °C, PI output {k.pi_u:.2f}")
     else:
         rule, clause = _why_on(k, k.state)
         clauses.append(clause)
@@ -247,6 +256,7 @@ def explain(k: Tick) -> tuple[str, str, Readings]:
         "critical_c": v.critical_c,
         "trip_c": v.trip_c,
         "trip_source": v.trip_source,
+        "headroom_c": None if v.headroom_c is None else round(v.headroom_c, 2),
         "battery_percent": pct,
         "on_power": k.sense.on_power if k.sense.battery is not None else None,
         "mem_available_mb": None if k.sense.available is None else round(k.sense.available / MIB, 1),

@@ -193,9 +193,10 @@ class StateMachine:
         view = self._zones.view(snapshot)
         temp = view.temp_c
         forecast: float | None = None
-        if temp is not None:
-            self._forecast.add(t, temp)
-            forecast = self._forecast.predict(temp, self._forecast.slope())
+        if temp is not None:  # forecast on the scale that stays continuous when another zone starts to bind
+            scaled = temp - view.scale_offset_c
+            self._forecast.add(t, scaled)
+            forecast = self._forecast.predict(scaled, self._forecast.slope()) + view.scale_offset_c
         crit_on = trig[State.CRITICAL].on
         if not view.untrusted:
             self._untrusted_since = None
@@ -209,7 +210,8 @@ class StateMachine:
                 hot_raw = temp >= view.hot_exit_c or forecast >= view.hot_enter_c
             else:
                 hot_raw = forecast >= view.hot_enter_c
-            crit_thermal = temp >= (view.critical_exit_c if crit_on else view.critical_c)
+            crit_temp = view.critical_temp_c if view.critical_temp_c is not None else temp
+            crit_thermal = crit_temp >= (view.critical_exit_c if crit_on else view.critical_c)
 
         battery, bat = snapshot.battery, pol.battery
         percent = battery.percent if battery is not None else None

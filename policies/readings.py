@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
@@ -9,23 +10,38 @@ from policies.schema import Thermal
 from sensors.snapshot import Battery, Snapshot
 
 PASSIVE_TRIPS = frozenset({"passive"})
+ZoneReading = tuple[str, float, float | None, float | None]  # label, °C, its own lowest passive and critical trips
 CRITICAL_TRIPS = frozenset({"critical", "crit"})
 
 
 @dataclass(frozen=True, slots=True)
 class ThermalView:
-    temp_c: float | None  # the hottest trusted zone, None when no trusted zone reads
+    """The thermal picture of one tick, told from the binding zone: the trusted zone with the least headroom under
+    its own passive trip (thermald and the kernel judge each zone against its own trips; a phone's 43 °C skin
+    limit binds long before its CPU's 95 °C). Every threshold below is on that zone's own scale."""
+
+    temp_c: float | None  # the binding zone's reading, None when no trusted zone reads
     zone: str | None
-    trip_c: float
+    trip_c: float  # the binding zone's trip
     trip_source: str  # "policy", "<zone> passive trip" or "fallback"
     hot_enter_c: float
     hot_exit_c: float
     setpoint_c: float
-    critical_c: float
+    critical_c: float  # critical threshold of the zone nearest its own (critical_zone)
     critical_exit_c: float
     # Trusted zones exist but none gave a plausible reading (unreadable, garbage, absurd, vanished): unlike a
     # device with no zone at all, this is a broken sensor, and the policy turns conservative after a grace.
     untrusted: bool = False
+    # trip_c minus the reference trip (the policy's, else the lowest passive trip of the trusted zones): temp_c -
+    # scale_offset_c is on one scale across zones, continuous when the binding zone changes (the forecast's scale).
+    scale_offset_c: float = 0.0
+    critical_temp_c: float | None = None  # the reading of the zone nearest its critical threshold
+    critical_zone: str | None = None
+
+    @property
+    def headroom_c(self) -> float | None:
+        """°C left under the binding zone's trip (negative: over it)."""
+        return None if self.temp_c is None else self.trip_c - self.temp_c
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +79,11 @@ class ZoneFilter:
             hit = self._cache[label] = any(fnmatchcase(low, p) for p in self._patterns)
         return hit
 
-    def view(self, snapshot: Snapshot) -> ThermalView:
+    def _zones(self, snapshot: Snapshot) -> tuple[list[ZoneReading], tuple[float, str] | None, float | None, bool]:
+        """Plausible trusted readings with their own lowest trips; the lowest passive (with its zone) and critical
+        trips among all trusted zones (a zone that does not read still declares its trips); any zone trusted."""
         cfg = self._cfg
-        temp: float | None = None
-        zone: str | None = None
+        readings: list[ZoneReading] = []
         passive: tuple[float, str] | None = None
         critical: float | None = None
         trusted_zones = False
@@ -74,19 +91,33 @@ class ZoneFilter:
             if not self.trusted(reading.label):
                 continue
             trusted_zones = True
-            value = reading.temp_c
-            if value is not None and value < cfg.plausible_max_c and (temp is None or value > temp):
-                temp, zone = value, reading.label
+            own_passive: float | None = None
+            own_critical: float | None = None
             for declared in reading.trips:
-                if declared.type in PASSIVE_TRIPS and (passive is None or declared.temp_c < passive[0]):
-                    passive = (declared.temp_c, reading.label)
-                elif declared.type in CRITICAL_TRIPS and (critical is None or declared.temp_c < critical):
-                    critical = declared.temp_c
+                if declared.type in PASSIVE_TRIPS and (own_passive is None or declared.temp_c < own_passive):
+                    own_passive = declared.temp_c
+                elif declared.type in CRITICAL_TRIPS and (own_critical is None or declared.temp_c < own_critical):
+                    own_critical = declared.temp_c
+            if own_passive is not None and (passive is None or own_passive < passive[0]):
+                passive = (own_passive, reading.label)
+            if own_critical is not None and (critical is None or own_critical < critical):
+                critical = own_critical
+            value = reading.temp_c
+            if value is not None and value < cfg.plausible_max_c:
+                readings.append((reading.label, value, own_passive, own_critical))
         battery = snapshot.battery
         battery_c = battery.temp_c if cfg.use_battery_temp and battery is not None else None
-        if battery_c is not None and battery_c < cfg.plausible_max_c and (temp is None or battery_c > temp):
-            temp, zone = battery_c, "battery"
+        if battery_c is not None and battery_c < cfg.plausible_max_c:
+            readings.append(("battery", battery_c, None, None))
+        return readings, passive, critical, trusted_zones
 
+    def view(self, snapshot: Snapshot) -> ThermalView:
+        """Each trusted zone against its own trips: a zone's passive trip is its own lowest one, else the reference
+        trip (the policy's `trip_c`, else the lowest passive trip among trusted zones, else the fallback); an explicit
+        `trip_c` / `critical_c` in the policy applies to every zone. The hot thresholds keep their distance to the trip
+        on every zone, so the zone with the least headroom is the one nearest hot, the PI's setpoint and the trip."""
+        cfg = self._cfg
+        readings, passive, critical, trusted_zones = self._zones(snapshot)
         if cfg.trip_c is not None:
             trip, source = cfg.trip_c, "policy"
         elif passive is not None:
@@ -103,15 +134,37 @@ class ZoneFilter:
             crit = critical - cfg.critical_margin_c
         else:
             crit = cfg.fallback_critical_c
+
+        temp: float | None = None
+        zone: str | None = None
+        offset, zone_source = 0.0, source
+        crit_temp: float | None = None
+        crit_zone: str | None = None
+        crit_at = crit
+        headroom = crit_headroom = math.inf
+        for label, value, own_passive, own_critical in readings:
+            own = own_passive is not None and cfg.trip_c is None
+            zone_trip = own_passive if own_passive is not None and own else trip
+            if zone_trip - value < headroom:  # ties: the first zone, as the hottest-zone rule had it
+                headroom, temp, zone, offset = zone_trip - value, value, label, zone_trip - trip
+                zone_source = f"{label} passive trip" if own else source
+            zone_crit = crit
+            if own_critical is not None and cfg.critical_c is None:
+                zone_crit = own_critical - cfg.critical_margin_c
+            if zone_crit - value < crit_headroom:
+                crit_headroom, crit_temp, crit_zone, crit_at = zone_crit - value, value, label, zone_crit
         return ThermalView(
             temp_c=temp,
             zone=zone,
-            trip_c=trip,
-            trip_source=source,
-            hot_enter_c=enter,
-            hot_exit_c=exit_c,
-            setpoint_c=setpoint,
-            critical_c=crit,
-            critical_exit_c=crit - cfg.critical_hysteresis_c,
+            trip_c=trip + offset,
+            trip_source=zone_source,
+            hot_enter_c=enter + offset,
+            hot_exit_c=exit_c + offset,
+            setpoint_c=setpoint + offset,
+            critical_c=crit_at,
+            critical_exit_c=crit_at - cfg.critical_hysteresis_c,
             untrusted=trusted_zones and temp is None,
+            scale_offset_c=offset,
+            critical_temp_c=crit_temp,
+            critical_zone=crit_zone,
         )

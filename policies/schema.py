@@ -15,7 +15,9 @@ KV_ORDER: tuple[KvType, ...] = ("f16", "q8_0", "q4_0")  # most precise first; la
 MODEL_LARGEST = "largest"  # model selectors resolved against the ladder
 MODEL_SMALLEST = "smallest"
 
-# CPU/SoC zone types seen in the wild (ANCHORS: Termux section; x86 coretemp/k10temp; Pi cpu-thermal).
+# CPU/SoC zone types seen in the wild (ANCHORS: Termux section; x86 coretemp/k10temp; Pi cpu-thermal), and the skin
+# and case sensors a phone's vendor limits on: each zone is judged against its own trip (policies/readings.py), so a
+# 43 °C skin trip and a 95 °C CPU trip can both be trusted.
 DEFAULT_ZONES: tuple[str, ...] = (
     "cpu*",
     "soc*",
@@ -27,6 +29,11 @@ DEFAULT_ZONES: tuple[str, ...] = (
     "mtktscpu",
     "tsens_tz_sensor*",
     "acpitz",
+    "*skin*",
+    "xo_therm*",
+    "case_therm*",
+    "quiet_therm*",
+    "back_therm*",
 )
 
 # Upper bounds that make sense for a device governor: a tick at most once a minute, waits of at most an hour.

@@ -177,3 +177,22 @@ def test_where_the_kernel_would_not_throttle_governing_costs_nothing(policy_name
     ungoverned = simulate(device, Ungoverned(device), burst, policy_name=NONE)
     assert ungoverned.summary.throttled_pct == 0.0
     assert governed.summary.tokens >= ungoverned.summary.tokens
+
+
+@pytest.mark.parametrize("device_name", [device for device, _ in SHIPPED])
+def test_default_never_lets_the_kernel_throttle_nor_loses_tokens(device_name: str) -> None:
+    """`default` judges each trusted zone against its own trip: on the phone the 43 °C skin binds, not the CPU's 95."""
+    governed, ungoverned = run(device_name, "default").summary, run(device_name, NONE).summary
+    assert governed.throttled_pct <= 2.0, governed
+    assert governed.peak_c <= governed.trip_c
+    assert governed.tokens >= ungoverned.tokens
+
+
+def test_default_on_the_phone_limits_on_the_skin_in_bursts_too() -> None:
+    device, burst = load_device("phone"), load_workload("burst")
+    governed = simulate(device, decider_for(load_policy("default"), device), burst, policy_name="default").summary
+    ungoverned = simulate(device, Ungoverned(device), burst, policy_name=NONE).summary
+    assert ungoverned.throttled_pct > 2.0  # the skin trip binds ungoverned
+    assert governed.throttled_pct <= 2.0
+    assert governed.peak_c <= governed.trip_c
+    assert governed.tokens >= 1.2 * ungoverned.tokens
