@@ -213,7 +213,7 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
     sensors = make_sampler(config.root, environ=env, engine_pid=lambda: supervisor.pid, battery_max_age_s=1.0)
     decider = SupervisedDecider(inner, supervisor)
     engine = SupervisedEngine(client, supervisor, watch)
-    loop = GovernorLoop(sensors, decider, engine, clock, holds=holds.in_force, listeners=[freq.on_tick])
+    loop = GovernorLoop(sensors, decider, engine, clock, holds=holds.in_force, listeners=[freq.on_tick, engine.on_tick])
     loop_ref.append(loop)
 
     events = UdevEvents(uevent_handler(sensors, loop.wake)) if config.udev else None

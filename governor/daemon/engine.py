@@ -3,6 +3,10 @@
 `apply()` never blocks the loop: a model or context change makes the engine reload at a token boundary, which can
 take seconds, so configs go to one applier thread that always posts the latest one (older ones are skipped).
 `observe()` does no I/O when a watch is given: the engine pushes its status on change (governor/daemon/watch.py).
+
+When no tier fits in memory (the decision's `engine_wait`), the same thread tells the running engine to pause: it
+unloads its model at the next token boundary and the answer waits, its client's stream open; when the wait ends, to
+resume: it loads again and continues the answer. (The supervisor stops an engine that has no answer to keep.)
 """
 
 from __future__ import annotations
@@ -17,10 +21,10 @@ import structlog
 
 from govbase.errors import GovernorError
 from governor.daemon.supervisor import EngineSupervisor
-from policies.decision import EngineConfig
+from policies.decision import Decision, EngineConfig
 from policies.schema import EngineOptions
 from sensors.psutil_backend import ProcessStats
-from sensors.snapshot import EngineObservation
+from sensors.snapshot import EngineObservation, Snapshot
 
 
 class EngineLink(Protocol):
@@ -29,6 +33,8 @@ class EngineLink(Protocol):
     def observe(self) -> EngineObservation | None: ...
 
     def apply(self, config: EngineConfig) -> None: ...
+
+    def pause(self, reason: str | None) -> None: ...
 
 
 DEFAULT_OPTIONS = EngineOptions()
@@ -87,6 +93,8 @@ class SupervisedEngine:
         self.watch = watch
         self._cond = threading.Condition()
         self._next: EngineConfig | None = None
+        self._pause: str | None = None  # the decision's engine_wait: the engine must hold its model unloaded
+        self._paused: tuple[int, str | None] = (0, None)  # (engine start, reason) the engine was told last
         self._in_flight = False
         self._stopping = False
         self._stats: ProcessStats | None = None
@@ -112,15 +120,32 @@ class SupervisedEngine:
             self._next = config
             self._cond.notify()
 
+    def on_tick(self, _t: float, _s: Snapshot, _o: EngineObservation | None, decision: Decision) -> None:
+        """A loop listener: pause the engine while the decision says nothing fits in memory, resume it after."""
+        with self._cond:
+            if decision.engine_wait != self._pause:
+                self._pause = decision.engine_wait
+                self._cond.notify()
+
+    def _pause_due(self) -> bool:
+        """The engine process has not been told the pause in force (lock held). A new process starts unpaused (and
+        the supervisor starts none while the wait lasts)."""
+        told_start, told = self._paused
+        return self._pause != (told if told_start == self.supervisor.status.starts else None)
+
     def _apply_latest(self) -> None:
         while True:
             with self._cond:
-                while self._next is None and not self._stopping:
+                while self._next is None and not self._pause_due() and not self._stopping:
                     self._cond.wait()
                 if self._stopping:
                     return
                 config, self._next = self._next, None
+                pause, reason, start = self._pause_due(), self._pause, self.supervisor.status.starts
+                self._paused = (start, reason)  # once: an engine not ready now is stopped, or starts unpaused
                 self._in_flight = config is not None
+            if pause and self.supervisor.ready:
+                self._send_pause(reason)  # first: memory is what the device lacks now
             if config is None or not self.supervisor.ready:
                 self._in_flight = False
                 continue  # a (re)starting engine gets the latest desired config once it is ready
@@ -130,6 +155,12 @@ class SupervisedEngine:
                 self._log.warning("engine did not take the config", error=str(exc), **config.model_dump())
             finally:
                 self._in_flight = False
+
+    def _send_pause(self, reason: str | None) -> None:
+        try:
+            self.link.pause(reason)
+        except (GovernorError, OSError) as exc:  # e.g. it is being stopped (a new one starts unpaused)
+            self._log.warning("engine did not take the pause", error=str(exc), reason=reason)
 
     def correct_drift(self, running: Mapping[str, object]) -> None:
         """The engine runs other settings than the loop wants (someone posted to its /engine/config): log the drift

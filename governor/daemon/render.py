@@ -80,7 +80,8 @@ def _clock(freq: dict[str, Any]) -> str:
 def _supervisor_says(sup: dict[str, Any]) -> str | None:
     """Given up, a crash story (while it restarts on safer settings), waiting for memory, or a memory cap."""
     if sup.get("waiting"):
-        return f"[yellow]engine stopped: {safe(sup['waiting'])}[/]"
+        how = "paused (answer kept, model unloaded)" if sup.get("running") else "stopped"
+        return f"[yellow]engine {how}: {safe(sup['waiting'])}[/]"
     if sup.get("critical"):
         return f"[red]given up: {safe(sup['critical'])}[/] (governor reload tries again)"
     if sup.get("crashes"):

@@ -187,8 +187,9 @@ class EngineSupervisor:
         self._stop.set()
 
     def hold(self, waiting: str | None) -> None:
-        """Nothing fits in memory (`waiting` says so): let the answers in flight finish, then stop the engine and
-        start none until memory comes back (None), rather than restart it into the OOM killer again and again."""
+        """Nothing fits in memory (`waiting` says so): once no answer is in flight, stop the engine, and start none
+        until memory comes back (None), rather than restart it into the OOM killer again and again. (An answer in
+        flight is paused meanwhile, the engine's model unloaded: SupervisedEngine.on_tick.)"""
         with self._lock:
             was, self.status.waiting = self.status.waiting, waiting
         if waiting is None and was is not None:
@@ -449,8 +450,9 @@ class EngineSupervisor:
             if st.critical is not None:
                 reason = f"the engine was given up (governor reload tries again): {st.critical}"
                 return Availability(False, True, reason, math.ceil(self.restart.max_s))
-            if st.waiting is not None:  # held: new requests wait (hold_s), answers in flight finish
-                return Availability(False, False, f"the engine is stopped: {st.waiting}", math.ceil(self.restart.max_s))
+            if st.waiting is not None:  # held: new requests wait (hold_s); an answer in flight is paused
+                how = "paused" if st.running else "stopped"
+                return Availability(False, False, f"the engine is {how}: {st.waiting}", math.ceil(self.restart.max_s))
             if st.ready:
                 return Availability(True, False, "", 0)
             wait_s = self._load_s

@@ -10,10 +10,10 @@ import asyncio
 import math
 import os
 import time
-from typing import Any
+from typing import Annotated, Any
 
 import psutil
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, StringConstraints, TypeAdapter, ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -51,6 +51,15 @@ def error(
 MAX_CHAT_BODY = 8 << 20  # bytes; the largest context (1M tokens) is about 4 MB of text
 MAX_CONFIG_BODY = 64 << 10
 _OBJECT: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
+
+
+class Pause(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    reason: Annotated[str, StringConstraints(min_length=1, max_length=400)] | None
+
+
+_PAUSE: TypeAdapter[Pause] = TypeAdapter(Pause)
 
 
 class BodyTooLarge(Exception):
@@ -112,6 +121,7 @@ class EngineApp:
                 Route("/engine/status", self.status, methods=["GET"]),
                 Route("/engine/events", self.events, methods=["GET"]),
                 Route("/engine/config", self.config, methods=["POST"]),
+                Route("/engine/pause", self.pause, methods=["POST"]),
             ],
             exception_handlers={HTTPException: self._http_error, Exception: self._server_error},
         )
@@ -145,6 +155,7 @@ class EngineApp:
             **w.settings.model_dump(),
             "model_path": str(w.models[w.settings.model].path),
             "loaded": w.slot.loaded,
+            "paused": w.paused,
             "loading": None if w.slot.progress is None else w.slot.progress.as_dict(),
             "keep_alive_s": w.slot.keep_alive_s or 0,
             "last_load_s": None if w.slot.last_load_s is None else round(w.slot.last_load_s, 3),
@@ -217,6 +228,19 @@ class EngineApp:
             return error(exc.status, exc.message, param=exc.param, code=exc.code)
         body = {"config": settings.model_dump(), "applied": applied, "seconds": round(seconds, 4)}
         return JSONResponse(body | {"tokens_waited": job.tokens_waited})
+
+    async def pause(self, request: Request) -> Response:
+        """{"reason": "..."}: unload the model at the next token boundary and keep it unloaded, the running answer
+        and the queue waiting (the daemon's memory wait); {"reason": null}: load again and continue. Returns at once:
+        `/engine/status` shows `paused` and `loaded`."""
+        try:
+            body = _PAUSE.validate_json(await read_body(request, MAX_CONFIG_BODY))
+        except BodyTooLarge:
+            return too_large(MAX_CONFIG_BODY)
+        except ValidationError as exc:
+            return validation_error(exc)
+        self.worker.pause(body.reason)
+        return JSONResponse({"paused": self.worker.paused, "loaded": self.worker.slot.loaded})
 
     async def chat(self, request: Request) -> Response:
         try:

@@ -68,6 +68,7 @@ class EngineStatus(EngineConfig):
     queue_length: int = 0
     rss_bytes: int | None = None
     loaded: bool | None = None  # None: an engine from before idle unload
+    paused: str | None = None  # why the model is held unloaded (POST /engine/pause)
 
     def observation(self) -> EngineObservation:
         """What the policy sees of the engine."""
@@ -155,6 +156,12 @@ class EngineClient:
             raise TypeError(f"configure() got unknown fields {sorted(unknown)}; allowed: {sorted(CONFIG_FIELDS)}")
         response = self._request("POST", "/engine/config", json=fields, timeout_s=self.reload_timeout_s)
         return self._parse(ConfigResult, response)
+
+    def pause(self, reason: str | None) -> None:
+        """Unload the model and keep it unloaded, saying why; the running answer waits with its stream open (None:
+        load again and continue it). Returns at once; `status().paused` / `.loaded` show where the engine is."""
+        self._request("POST", "/engine/pause", json={"reason": reason})  # raises the engine's error
+        self._log.info("engine paused" if reason is not None else "engine resumed", reason=reason)
 
     def wait_ready(self, timeout_s: float = 60.0, *, process: subprocess.Popen[Any] | None = None) -> EngineStatus:
         """Poll the status until the engine answers; with `process`, fail as soon as that process exits."""

@@ -21,9 +21,9 @@ from governor.engine.config import ConfigRefused, ModelSpec
 from governor.engine.events import Ended, Failed, Last, Started, Text, stopping
 from governor.engine.extra_buffers import ExtraBuffers, choose
 from governor.engine.jobs import ConfigJob, Counters, Job, Run, usage
-from governor.engine.model import ModelLoadError
+from governor.engine.model import LoadedModel, ModelLoadError
+from governor.engine.pause import Pausing
 from governor.engine.prompts import prepare
-from governor.engine.reconfig import Reconfigure
 from governor.engine.slot import Slot
 from governor.engine.swap import WarmSwap
 from governor.engine.window import ContextShift
@@ -33,7 +33,7 @@ from sensors.root import Root
 log = structlog.get_logger("governor.engine")
 
 
-class Worker(Reconfigure):
+class Worker(Pausing):
     def __init__(
         self,
         models: dict[str, ModelSpec],
@@ -57,6 +57,7 @@ class Worker(Reconfigure):
         self._lock = threading.Lock()
         self._wake = threading.Event()  # cuts a rate-cap wait short
         self._stopping = False
+        self.paused: str | None = None  # the memory pause's reason (governor.engine.pause)
         self._emits: deque[float] = deque(maxlen=64)
         self._run: Run | None = None  # the generation in progress (read by the loop thread to interrupt it)
         self._swap: WarmSwap | None = None  # a KV type change being built beside the answering context
@@ -93,6 +94,20 @@ class Worker(Reconfigure):
         self._wake.set()
         self._interrupt_prefill()
         self._jobs.put(None)  # wakes an idle worker (a spurious wake-up when busy is harmless)
+
+    def pause(self, reason: str | None) -> None:
+        """Unload the model and keep it unloaded, saying why (`reason`: the daemon's "no tier fits in N MiB; waiting
+        for memory"): a running answer stops at its next token boundary (a prefill is interrupted) and waits with its
+        stream open, nothing sent; queued and new requests wait. None: load again and continue the answer where it
+        stopped (its context evaluated again, as after a reload); an idle engine loads at its next request."""
+        if self._stopping or reason == self.paused:
+            return
+        self.paused = reason
+        log.info("engine.pause" if reason is not None else "engine.resume", reason=reason)
+        self._wake.set()
+        self._interrupt_prefill()
+        self._jobs.put(None)
+        self.on_change()
 
     def cancel(self, job: Job) -> None:
         job.cancelled.set()
@@ -132,6 +147,9 @@ class Worker(Reconfigure):
     def _loop(self) -> None:
         try:
             while True:
+                if self.paused is not None and not self._stopping:
+                    self._hold(None, None)  # requests wait in the queue
+                    continue
                 try:
                     job = self._jobs.get(timeout=self.slot.idle_wait())
                 except queue.Empty:  # idle for keep_alive_s: give the memory back
@@ -182,7 +200,7 @@ class Worker(Reconfigure):
         job.sink(final)  # after `busy` is cleared: a client that has its answer sees an idle engine
 
     def _ensure_loaded(self, job: Job) -> Failed | None:
-        """Load the model for a request after an idle unload; an error event when it cannot be loaded."""
+        """Load the model for a request after an idle unload or a pause; an error event when it cannot be loaded."""
         if self.slot.loaded:
             return None
         t0 = time.monotonic()
@@ -238,6 +256,9 @@ class Worker(Reconfigure):
             log.error("engine.generation_failed", error=str(exc))
             self.counters.generations_failed += 1
             return Failed(500, f"generation failed: {exc}", "generation_failed")
+        except ModelLoadError as exc:  # resuming after a pause
+            self.counters.generations_failed += 1
+            return Failed(503, f"cannot load the model: {exc}", "model_load_failed")
         finally:
             if run.gen is not None:
                 run.gen.close()
@@ -286,6 +307,8 @@ class Worker(Reconfigure):
             if job.cancelled.is_set() or self._stopping:
                 run.finish = "cancelled" if job.cancelled.is_set() else "length"
                 return
+            if self._pause_point(run):
+                continue
             m = self.model
             if (limit is not None and run.n_completion >= limit) or len(run.ctx_tokens) >= m.n_ctx:
                 run.finish = "length"
@@ -298,10 +321,7 @@ class Worker(Reconfigure):
                 if run.prefilling:
                     with m.interruptible():
                         token = next(run.gen)
-                    run.prefilling = False
-                    if run.prompt_evaluated is None:
-                        run.prompt_evaluated = m.evaluated - run.evaluated_from
-                        self.counters.prompt_tokens_evaluated_total += run.prompt_evaluated
+                    self._prefilled(run, m)
                 else:
                     token = next(run.gen)
             except StopIteration:
@@ -334,11 +354,17 @@ class Worker(Reconfigure):
                 run.finish = "stop"
                 return
 
+    def _prefilled(self, run: Run, m: LoadedModel) -> None:
+        run.prefilling = False
+        if run.prompt_evaluated is None:  # the answer's first prefill (not one after a reload or a pause)
+            run.prompt_evaluated = m.evaluated - run.evaluated_from
+            self.counters.prompt_tokens_evaluated_total += run.prompt_evaluated
+
     def _pace(self, run: Run) -> None:
         """Hold the token until 1/cap after the previous one; a config change or cancel cuts the wait short."""
         while True:
             cap = self.settings.max_tokens_per_s
-            if cap is None or not self._emits or run.job.cancelled.is_set() or self._stopping:
+            if cap is None or not self._emits or run.job.cancelled.is_set() or self._stopping or self.paused:
                 return
             wait = self._emits[-1] + 1 / cap - time.monotonic()
             if wait <= 0:

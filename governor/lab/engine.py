@@ -69,6 +69,7 @@ class EngineSim:
         self.tier: SimModelSpec | None = None
         self.loaded = False
         self.stopped = False  # stopped because nothing fits in memory (requests wait in the queue)
+        self.paused = False  # of which: the answer in progress kept, its process alive without its model
         self.waiting: str | None = None  # the decision's engine_wait: stop once the answer in progress is done
         self.ready_s = 0.0  # loading (or restarting) until then
         self.ctx = 0.0  # tokens held in the KV cache
@@ -156,25 +157,38 @@ class EngineSim:
             self.stats.shifts += 1
 
     def wait(self, reason: str | None, t: float) -> None:
-        """Nothing fits (`reason`): finish the answer in progress, then stop the process; new requests wait in the
-        queue. None: memory is back, start again (the kept conversation is evaluated again)."""
+        """Nothing fits (`reason`), as the daemon and the engine do it: an answer in progress is paused at once (the
+        model unloaded, the process and the client's stream kept), an idle engine is stopped; new requests wait in
+        the queue. None: memory is back: a paused engine loads its model again and evaluates the answer's context
+        again, then continues it; a stopped one starts again (the kept conversation is evaluated again)."""
         self.waiting = reason
-        if reason is not None and self.current is None and not self.stopped:
-            self._stop()
+        if reason is not None and not self.stopped:
+            if self.current is None:
+                self._stop()
+            else:
+                self.stopped = self.paused = True
+                self.loaded = False
         elif reason is None and self.stopped and self.config is not None:
             self.stopped = False
+            if self.paused:  # the process is there: only the model is loaded again
+                self.paused = False
+                self._reload(t, delay_s=0.0, weights=True)
+                return
             self.stats.starts += 1
             self._reload(t, delay_s=self.spec.restart_s, weights=True)
 
     def _stop(self) -> None:
-        self.stopped, self.loaded = True, False
+        self.stopped, self.loaded, self.paused = True, False, False
         self._pending_history, self.ctx = self.ctx + self._pending_history, 0.0
 
     def footprint_bytes(self) -> int:
         return self._footprint
 
     def resident_bytes(self) -> int:
-        return self.footprint_bytes() if self.loaded else 0
+        """The process's memory: all of it once loaded, its runtime alone while paused (model unloaded)."""
+        if self.loaded:
+            return self.footprint_bytes()
+        return int(self.spec.overhead_mb * MB) if self.paused else 0
 
     def oom_kill(self, t: float) -> None:
         """The kernel kills the process: the answer in progress is lost; the daemon starts it again."""

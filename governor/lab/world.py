@@ -272,8 +272,14 @@ class SimulatedEngine:
         engine = self.world.engine
         if engine.config is None:
             return None
-        if engine.stopped:  # waiting for memory: no model loaded, requests queued
-            return EngineObservation(busy=engine.busy(), model=None, loaded=False, threads=engine.config.threads)
+        if engine.stopped:  # waiting for memory: no model loaded, requests queued (a paused process holds its runtime)
+            return EngineObservation(
+                busy=engine.busy(),
+                model=None,
+                loaded=False,
+                threads=engine.config.threads,
+                rss_bytes=engine.resident_bytes(),
+            )
         return EngineObservation(
             busy=engine.busy(),
             tokens_per_s=engine.take_rate(),

@@ -1,5 +1,6 @@
-"""Memory squeezes in the lab (issue 11 point 5): the engine shrinks, stops when nothing fits (requests wait in the
-queue), starts again by itself when memory comes back, and is not restarted into the OOM killer."""
+"""Memory squeezes in the lab (issue 11 point 5): the engine shrinks, pauses the answer in progress (model unloaded)
+or stops when nothing fits (requests wait in the queue), resumes or starts again by itself when memory comes back,
+and is not restarted into the OOM killer."""
 
 from __future__ import annotations
 
@@ -66,15 +67,44 @@ def test_a_stopped_engine_keeps_its_requests_and_serves_them_when_memory_is_back
     assert (engine.stats.answers, engine.stats.failed, engine.stats.starts) == (3, 0, 2)
 
 
+def test_an_answer_in_progress_pauses_without_its_model_and_goes_on_when_memory_is_back() -> None:
+    """As the real engine does (POST /engine/pause): the wait unloads the model at once, the answer keeps its place
+    (the process holds only its runtime), and the resume loads the model, evaluates the context again and goes on."""
+    engine = EngineSim(PI.engine, PI.cpu)
+    engine.apply(EngineConfig(threads=4, n_ctx=2048, model=PI.engine.model[1].name), 0.0)
+    engine.submit(Request(0.0, prompt_tokens=50, answer_tokens=200, new_conversation=True, system_tokens=20))
+    t = 0.0
+    while engine.stats.tokens < 20:
+        engine.step(t, 0.25, 1.0)
+        t += 0.25
+    engine.wait("no tier fits in 10 MiB; waiting for memory", t)
+    assert (engine.stopped, engine.paused, engine.loaded) == (True, True, False)
+    assert engine.resident_bytes() == int(PI.engine.overhead_mb * MB)
+    tokens = engine.stats.tokens
+    for _ in range(240):  # a minute paused: nothing decoded, the answer still there
+        engine.step(t, 0.25, 1.0)
+        t += 0.25
+    assert engine.stats.tokens == tokens
+    assert engine.current is not None
+    engine.wait(None, t)
+    while engine.busy():
+        engine.step(t, 0.25, 1.0)
+        t += 0.25
+    assert (engine.stats.answers, engine.stats.failed, engine.stats.starts) == (1, 0, 1)  # the same process
+    assert engine.stats.tokens == pytest.approx(200)
+    assert engine.stats.prefill_tokens > 70 + tokens - 1  # prompt, then prompt and answer so far again
+
+
 @pytest.mark.parametrize(("device_name", "policy_name"), SHIPPED)
-def test_other_programs_leaving_less_than_1_gb_cost_at_most_one_answer(device_name: str, policy_name: str) -> None:
-    """Ungoverned: killed at every restart for ten minutes. Governed: shrinks, stops, waits, comes back; what is left
-    is a kill while the answer in progress finishes and memory keeps falling (docs/lab.md)."""
+def test_other_programs_leaving_less_than_1_gb_cost_no_answer(device_name: str, policy_name: str) -> None:
+    """Ungoverned: killed at every restart for ten minutes. Governed: shrinks, pauses or stops, waits, comes back:
+    0 OOM kills and 0 failed answers (issue 11; before the pause, one of each on 5 of the 10 pairs: the wait began
+    mid-answer and memory kept falling while that answer finished)."""
     ungoverned = squeeze(device_name, NONE)
     for policy in (policy_name, "default"):
         s = squeeze(device_name, policy)
-        assert s.oom_kills <= 1, s
-        assert s.failed <= 1, s
+        assert s.oom_kills == 0, s
+        assert s.failed == 0, s
         assert s.engine_starts <= 3, s
         assert s.tokens >= ungoverned.tokens * 0.9, s
         assert s.wait_reason is None or WAITING.fullmatch(s.wait_reason), s
@@ -86,6 +116,7 @@ def test_an_impossible_squeeze_waits_instead_of_restarting_into_the_wall() -> No
     for policy in ("raspberry-pi", "default"):
         s = squeeze("pi4-closed-case", policy, "memory-squeeze")
         assert s.engine_starts <= 3, s
+        assert s.oom_kills == 0, s
         assert s.wait_reason == "no tier fits in 0 MiB; waiting for memory"
         assert s.memory_wait_s >= 850
     assert squeeze("pi4-closed-case", NONE, "memory-squeeze").engine_starts >= 40

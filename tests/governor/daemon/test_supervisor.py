@@ -358,7 +358,7 @@ def test_while_nothing_fits_no_engine_is_started_and_memory_coming_back_starts_o
         h.supervisor.want(LARGE)
         avail = h.supervisor.availability()
         assert (avail.ready, avail.given_up) == (False, False)  # requests wait: this is not a failure
-        assert avail.reason == f"the engine is stopped: {WALL}"
+        assert avail.reason == f"the engine is stopped: {WALL}"  # none running
         eventually(lambda: h.supervisor._thread is not None and h.supervisor._thread.is_alive())
         assert h.supervisor.status.starts == 0
         assert h.started == []

@@ -94,6 +94,55 @@ class NoRssEngine:
     def apply(self, config: EngineConfig) -> None:
         del config
 
+    def pause(self, reason: str | None) -> None:
+        del reason
+
+
+class PauseRecorder(NoRssEngine):
+    def __init__(self) -> None:
+        self.pauses: list[str | None] = []
+        self.applied: list[EngineConfig] = []
+
+    def apply(self, config: EngineConfig) -> None:
+        self.applied.append(config)
+
+    def pause(self, reason: str | None) -> None:
+        self.pauses.append(reason)
+
+
+def sleeper_supervisor() -> EngineSupervisor:
+    return EngineSupervisor(
+        command=lambda _cfg, _eb: [sys.executable, "-c", "import time; time.sleep(60)"],
+        ready=lambda _t: True,
+        configure=lambda _cfg: None,
+        ladder=ModelLadder(tier=(ModelTier(name="large", path=Path("large.gguf")),)),
+        restart=RestartPolicy(),
+        clock=RealClock(),
+    )
+
+
+def test_the_engine_is_told_to_pause_once_while_nothing_fits_and_to_resume_after() -> None:
+    wait = "no tier fits in 12 MiB; waiting for memory"
+    link, supervisor = PauseRecorder(), sleeper_supervisor()
+    engine = SupervisedEngine(link, supervisor)
+    try:
+        engine.apply(CFG)
+        eventually(lambda: supervisor.ready)
+        squeezed = HOT.model_copy(update={"engine_wait": wait})
+        for decision in (HOT, squeezed, squeezed, squeezed):
+            engine.on_tick(1.0, Snapshot(), None, decision)
+        eventually(lambda: link.pauses == [wait])
+        engine.on_tick(2.0, Snapshot(), None, HOT)
+        eventually(lambda: link.pauses == [wait, None])
+        one_thread = CFG.model_copy(update={"threads": 1})
+        engine.apply(one_thread)  # a config after it does not repeat the pause
+        engine.on_tick(3.0, Snapshot(), None, HOT)
+        eventually(lambda: link.applied[-1:] == [one_thread])
+        assert link.pauses == [wait, None]
+    finally:
+        supervisor.stop(5.0)
+        engine.close()
+
 
 def test_engine_rss_is_read_from_outside_when_the_engine_does_not_say() -> None:
     ladder = ModelLadder(tier=(ModelTier(name="large", path=Path("large.gguf")),))
