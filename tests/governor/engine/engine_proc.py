@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import socket
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,6 +145,23 @@ class Engine:
             raise
         finally:
             self.http.close()
+
+
+@contextlib.contextmanager
+def ladder_engine(directory: Path, ladder: Path, tier: str) -> Iterator[Engine]:
+    """An engine on `ladder` at `tier` with one thread (light on a shared machine: llama.cpp's threads wait for each
+    other at every step, so two threads on two busy cores can be 10x slower than one); stopped cleanly at the end."""
+    eng = Engine(directory, "--models", str(ladder), "--tier", tier, "--threads", "1")
+    yield eng
+    assert eng.stop() == 0, eng.log()
+
+
+@contextlib.contextmanager
+def at_baseline(engine: Engine, baseline: dict[str, Any]) -> Iterator[Engine]:
+    """`engine` set to `baseline` before and after (a module's engine shared by its tests)."""
+    assert engine.config(**baseline).status_code == 200
+    yield engine
+    assert engine.config(**baseline).status_code == 200
 
 
 def user(text: str) -> list[dict[str, str]]:

@@ -15,7 +15,7 @@ from governor.engine.chat import fit
 from governor.engine.config import models_from_ladder
 from policies.decision import EngineConfig
 from policies.ladder import load_ladder
-from tests.governor.engine.engine_proc import Chunked, Engine, user
+from tests.governor.engine.engine_proc import Chunked, Engine, at_baseline, ladder_engine, user
 from tests.helpers import eventually
 from tests.native import in_child
 
@@ -29,16 +29,15 @@ BASELINE: dict[str, Any] = {"model": "medium", "n_ctx": 2048, "kv_type": "f16", 
 
 @pytest.fixture(scope="module")
 def module_engine(real_ladder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    eng = Engine(tmp_path_factory.mktemp("real"), "--models", str(real_ladder), "--tier", "medium", "--threads", "1")
-    yield eng
-    assert eng.stop() == 0, eng.log()
+    with ladder_engine(tmp_path_factory.mktemp("real"), real_ladder, "medium") as eng:
+        yield eng
 
 
 @pytest.fixture
 def engine(module_engine: Engine) -> Iterator[Engine]:
-    assert module_engine.config(**BASELINE).status_code == 200
-    yield module_engine
-    assert module_engine.config(**BASELINE).status_code == 200
+    """The module's engine, back at the baseline settings before and after each test."""
+    with at_baseline(module_engine, BASELINE) as eng:
+        yield eng
 
 
 def greedy(text: str, max_tokens: int) -> dict[str, Any]:

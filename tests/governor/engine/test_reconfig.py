@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.governor.engine.engine_proc import Chunked, Engine, user
+from tests.governor.engine.engine_proc import Chunked, Engine, at_baseline, ladder_engine, user
 from tests.helpers import eventually
 
 pytestmark = pytest.mark.slow
@@ -31,17 +31,15 @@ BASELINE: dict[str, Any] = {
 
 @pytest.fixture(scope="module")
 def module_engine(demo_ladder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    eng = Engine(tmp_path_factory.mktemp("reconfig"), "--models", str(demo_ladder), "--tier", "small", "--threads", "1")
-    yield eng
-    assert eng.stop() == 0, eng.log()
+    with ladder_engine(tmp_path_factory.mktemp("reconfig"), demo_ladder, "small") as eng:
+        yield eng
 
 
 @pytest.fixture
 def engine(module_engine: Engine) -> Iterator[Engine]:
     """The module's engine, back at the baseline settings before and after each test."""
-    assert module_engine.config(**BASELINE).status_code == 200
-    yield module_engine
-    assert module_engine.config(**BASELINE).status_code == 200
+    with at_baseline(module_engine, BASELINE) as eng:
+        yield eng
 
 
 def long_answer(max_tokens: int, messages: list[dict[str, str]] | None = None) -> dict[str, Any]:
