@@ -1,4 +1,5 @@
-"""The CPU frequency actuator: `scaling_max_freq` per cpufreq policy (cluster), as thermald and cpufreq cooling do.
+"""The CPU frequency actuator: `scaling_max_freq` per cpufreq policy (cluster), as thermald and cpufreq cooling do;
+on Intel also `intel_pstate/max_perf_pct` and each RAPL package's long-term power limit.
 
 Lowering the clock costs decode throughput linearly while power falls as f^2-2.5, so on a compute-bound device a cap
 is the efficient actuator; threads and the rate cap remain the only ones where nothing here is writable.
@@ -25,6 +26,8 @@ from sensors.snapshot import EngineObservation, Snapshot
 
 CPUFREQ = "sys/devices/system/cpu/cpufreq"
 PSTATE = "sys/devices/system/cpu/intel_pstate"
+POWERCAP = "sys/class/powercap"
+RAPL_FLOOR = 0.25  # never limit a RAPL package below this share of the limit found (a crawling machine helps no one)
 ORIGINALS = "freq-originals.json"
 
 
@@ -41,7 +44,7 @@ class Cluster:
     original_khz: int  # what scaling_max_freq held before we wrote
     writable: bool
     cap_khz: int | None = None  # what we last wrote; None = the original is in force
-    unit: str = "kHz"  # "%" for intel_pstate's max_perf_pct (then the *_khz fields are percentages)
+    unit: str = "kHz"  # "%" for intel_pstate's max_perf_pct, "µW" for a RAPL limit (then *_khz are in that unit)
 
     def target(self, ratio: float) -> int:
         """The highest frequency the kernel accepts at or under ratio x max, never below min or above the original."""
@@ -72,13 +75,14 @@ class FreqCap:
         if not self.clusters:
             self.reason = f"no cpufreq policies under {self.root.shown(CPUFREQ)}: threads and rate are the actuators"
         elif not writable:
-            self.reason = (
-                f"{self.root.shown(CPUFREQ)}/policy*/scaling_max_freq is not writable (not root, or a read-only /sys): "
-                "threads and rate are the actuators"
-            )
+            kinds = {c.unit: c.path for c in self.clusters}
+            shown = [f"{self.root.shown(CPUFREQ)}/policy*/scaling_max_freq"] if "kHz" in kinds else []
+            shown += [self.root.display(kinds[unit]) for unit in ("%", "µW") if unit in kinds]
+            why = "not root, or a read-only /sys"
+            self.reason = f"{' and '.join(shown)} not writable ({why}): threads and rate are the actuators"
         else:
             names = ", ".join(c.name for c in writable)
-            self.reason = f"{len(writable)} of {len(self.clusters)} CPU frequency limits writable ({names})"
+            self.reason = f"{len(writable)} of {len(self.clusters)} CPU clock and power limits writable ({names})"
         self._log.debug("cpu frequency actuator", writable=bool(writable), reason=self.reason)
 
     def recover(self) -> None:
@@ -133,6 +137,7 @@ class FreqCap:
         pstate = self._pstate(reader)
         if pstate is not None:
             out.append(pstate)
+        out += self._rapl(reader)
         for problem in reader.problems:
             self._log.warning("cpufreq policy skipped", path=problem.path, reason=problem.reason)
         return out
@@ -154,13 +159,45 @@ class FreqCap:
             available_khz=(), original_khz=int(top), writable=self.root.writable(path), unit="%",
         )  # fmt: skip
 
+    def _rapl(self, reader: Reader) -> list[Cluster]:
+        """Intel RAPL: each package's long-term power limit (`intel-rapl:N/constraint_K_power_limit_uw` where
+        `constraint_K_name` is `long_term`), the way thermald's RAPL cooling device limits watts. The ratio is taken
+        as a share of the limit found (never under RAPL_FLOOR of it, nor the constraint's `min_power_uw`): power
+        falls faster than the clock (f^k), so at the same ratio this limit is the looser one and binds where the
+        clock limits are not writable; the hot state's PI closes the loop on the temperature either way."""
+        base = self.root.path(POWERCAP)
+        out: list[Cluster] = []
+        for name in sorted(reader.listdir(base)):
+            head, _, index = name.partition(":")
+            if head != "intel-rapl" or not index.isdigit():
+                continue  # subzones (intel-rapl:0:0, core/uncore/dram) and other drivers are left alone
+            d = f"{base}/{name}"
+            if reader.optional_text(f"{d}/enabled") == "0":
+                continue  # a disabled zone does not enforce its limit: writing it would change nothing
+            names = [reader.optional_text(f"{d}/constraint_{k}_name") for k in range(3)]
+            if "long_term" not in names:
+                continue
+            k = names.index("long_term")
+            path = f"{d}/constraint_{k}_power_limit_uw"
+            limit, low = _optional_number(reader, path), _optional_number(reader, f"{d}/constraint_{k}_min_power_uw")
+            if limit is None or limit < 1:
+                continue
+            floor = min(int(limit), max(int(limit * RAPL_FLOOR), int(low or 0), 1))
+            zone = Cluster(
+                name=name, cpus=reader.optional_text(f"{d}/name") or name, path=path, min_khz=floor,
+                max_khz=int(limit), available_khz=(), original_khz=int(limit), writable=self.root.writable(path),
+                unit="µW",
+            )  # fmt: skip
+            out.append(zone)
+        return out
+
     # -- for the policy: the ratios it may choose ---------------------------------------------------------------
     def ratios(self) -> tuple[float, ...] | None:
         """The frequency ratios of the fastest writable cluster (ascending, ending at 1.0); None if nothing writable."""
         writable = [c for c in self.clusters if c.writable]
         if not writable:
             return None
-        top = max(writable, key=lambda c: (c.unit == "kHz", c.max_khz))
+        top = max(writable, key=lambda c: (c.unit == "kHz", c.unit == "%", c.max_khz))  # a clock before watts
         steps = top.available_khz or tuple(range(top.min_khz, top.max_khz, max(1, (top.max_khz - top.min_khz) // 16)))
         return tuple(sorted({round(f / top.max_khz, 4) for f in steps if f >= top.min_khz} | {1.0}))
 
@@ -260,3 +297,8 @@ class FreqCap:
                 for c in self.clusters
             ],
         }
+
+
+def _optional_number(reader: Reader, path: str) -> float | None:
+    text = reader.optional_text(path)
+    return None if text is None else reader.parse(path, text)

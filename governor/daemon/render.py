@@ -61,16 +61,21 @@ def _clock_row(head: Table, freq: dict[str, Any] | None) -> None:
         head.add_row("cpu clock", _clock(freq))
 
 
+def _cap(c: dict[str, Any]) -> str:
+    """One limit in force, in its own unit: a clock, intel_pstate's percentage or a RAPL package's watts."""
+    name = safe(c["policy"])
+    if c.get("unit") == "%":
+        return f"{name} {c['cap_khz']} % of the top P-state"
+    if c.get("unit") == "µW":
+        return f"{name} ({safe(c.get('cpus'))}) {c['cap_khz'] / 1e6:.1f} of {c['max_khz'] / 1e6:.1f} W"
+    return f"{name} {c['cap_khz'] / 1e6:.2f} of {c['max_khz'] / 1e6:.2f} GHz"
+
+
 def _clock(freq: dict[str, Any]) -> str:
     """The frequency actuator: the caps in force per cluster, or why there are none."""
     capped = [c for c in freq.get("clusters") or [] if c.get("cap_khz")]
     if capped:
-        clusters = ", ".join(
-            f"{safe(c['policy'])} {c['cap_khz']} % of the top P-state"
-            if c.get("unit") == "%"
-            else f"{safe(c['policy'])} {c['cap_khz'] / 1e6:.2f} of {c['max_khz'] / 1e6:.2f} GHz"
-            for c in capped
-        )
+        clusters = ", ".join(_cap(c) for c in capped)
         return f"[yellow]capped[/]: {clusters} (restored on exit)"
     if freq.get("writable"):
         return "not capped (the governor may cap it when hot)"

@@ -210,3 +210,87 @@ def test_without_intel_pstate_nothing_is_reported(tmp_path: Path) -> None:
     cap.start()
     assert [c["policy"] for c in cap.status()["clusters"]] == ["policy0", "policy4"]
     assert "intel_pstate" not in cap.reason
+
+
+POWERCAP = "sys/class/powercap"
+
+
+def rapl(root: Path, *, limit_uw: int = 15_000_000, cpufreq: bool = False, enabled: int = 1) -> FakeTree:
+    """An Intel laptop's RAPL zones: package-0 with its long-term (PL1) and short-term (PL2) limits, a core subzone,
+    and a psys zone (a platform limit, not the package's)."""
+    tree = intel(root, cpufreq=cpufreq) if cpufreq else FakeTree(root)
+    package = f"{POWERCAP}/intel-rapl:0"
+    tree.write(f"{package}/name", "package-0")
+    tree.write(f"{package}/enabled", enabled)
+    tree.write(f"{package}/constraint_0_name", "long_term")
+    tree.write(f"{package}/constraint_0_power_limit_uw", limit_uw)
+    tree.write(f"{package}/constraint_0_max_power_uw", 28_000_000)
+    tree.write(f"{package}/constraint_1_name", "short_term")
+    tree.write(f"{package}/constraint_1_power_limit_uw", 25_000_000)
+    tree.write(f"{POWERCAP}/intel-rapl:0:0/name", "core")
+    tree.write(f"{POWERCAP}/intel-rapl:0:0/constraint_0_name", "long_term")
+    tree.write(f"{POWERCAP}/intel-rapl:0:0/constraint_0_power_limit_uw", 0)
+    return tree
+
+
+def uw(tree: FakeTree, constraint: int = 0, zone: str = "intel-rapl:0") -> int:
+    return int(tree.path(f"{POWERCAP}/{zone}/constraint_{constraint}_power_limit_uw").read_text())
+
+
+def test_the_rapl_package_long_term_limit_is_capped_with_the_clock_and_restored(tmp_path: Path) -> None:
+    tree = rapl(tmp_path / "root", cpufreq=True)
+    cap = FreqCap(Root(tree.root), tmp_path)
+    cap.start()
+    assert "intel-rapl:0" in cap.reason
+    cap.apply(0.6)
+    assert uw(tree) == 9_000_000  # 60 % of the 15 W found
+    assert uw(tree, 1) == 25_000_000  # the short-term limit is the firmware's business
+    assert uw(tree, 0, "intel-rapl:0:0") == 0  # subzones untouched
+    assert pct(tree) == 60
+    assert read_khz(tree, 0) == 2_040_000
+    status = cap.status()
+    assert status["freq_cap_khz"] == 2_040_000  # a clock, not watts
+    assert status["clusters"][-1] == {
+        "policy": "intel-rapl:0", "cpus": "package-0", "writable": True, "cap_khz": 9_000_000,
+        "original_khz": 15_000_000, "min_khz": 3_750_000, "max_khz": 15_000_000, "unit": "µW",
+    }  # fmt: skip
+    cap.apply(0.05)
+    assert uw(tree) == 3_750_000  # never below a quarter of the limit found
+    cap.close()
+    assert uw(tree) == 15_000_000
+    assert not (tmp_path / ORIGINALS).exists()
+
+
+def test_rapl_alone_is_an_actuator_and_a_crash_is_undone_at_the_next_start(tmp_path: Path) -> None:
+    tree = rapl(tmp_path / "root")
+    crashed = FreqCap(Root(tree.root), tmp_path)
+    crashed.start()
+    ratios = crashed.ratios()
+    assert ratios is not None
+    assert ratios[0] == 0.25
+    assert ratios[-1] == 1.0
+    crashed.apply(0.5)
+    assert uw(tree) == 7_500_000
+    saved = json.loads((tmp_path / ORIGINALS).read_text())
+    assert saved["files"] == {str(tree.path(f"{POWERCAP}/intel-rapl:0/constraint_0_power_limit_uw")): 15_000_000}
+    after = FreqCap(Root(tree.root), tmp_path)  # kill -9: no close(); the next start restores from the saved file
+    after.start()
+    assert uw(tree) == 15_000_000
+    assert not (tmp_path / ORIGINALS).exists()
+
+
+def test_a_disabled_rapl_zone_is_left_alone_and_an_unwritable_one_says_so(tmp_path: Path) -> None:
+    tree = rapl(tmp_path / "off", enabled=0)  # the firmware does not enforce the limit: writing it would do nothing
+    cap = FreqCap(Root(tree.root), tmp_path)
+    cap.start()
+    assert cap.ratios() is None
+    assert cap.status()["clusters"] == []
+    tree = rapl(tmp_path / "ro")
+    cap = FreqCap(ReadOnlySys(tree.root), tmp_path)
+    cap.start()
+    assert cap.ratios() is None
+    cap.apply(0.5)
+    assert uw(tree) == 15_000_000
+    reason = cap.status()["reason"]
+    assert "/sys/class/powercap/intel-rapl:0/constraint_0_power_limit_uw not writable" in reason
+    assert "threads and rate are the actuators" in reason

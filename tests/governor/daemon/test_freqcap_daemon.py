@@ -119,3 +119,49 @@ def test_status_says_when_nothing_is_writable(daemon: DaemonProc) -> None:
     assert freq["writable"] is False
     assert "no cpufreq policies" in freq["reason"]
     assert "threads and rate are the actuators" in freq["reason"]
+
+
+RAPL = "sys/class/powercap/intel-rapl:0"
+
+
+def rapl_only(root: Path) -> FakeTree:
+    """An Intel box whose only writable limit is the RAPL package's long-term power limit (15 W)."""
+    tree = device_tree(root)
+    tree.write(f"{RAPL}/name", "package-0")
+    tree.write(f"{RAPL}/constraint_0_name", "long_term")
+    tree.write(f"{RAPL}/constraint_0_power_limit_uw", 15_000_000)
+    return tree
+
+
+def uw(tree: FakeTree) -> int:
+    return int(tree.path(f"{RAPL}/constraint_0_power_limit_uw").read_text())
+
+
+def test_a_rapl_limit_alone_is_capped_when_hot_and_restored_after_sigterm(
+    tmp_path: Path, sock_dir: Path, demo_ladder: Path
+) -> None:
+    d = DaemonProc(tmp_path, sock_dir, demo_ladder, policy=POLICY, tree=rapl_only)
+    try:
+        status = d.wait_ready()
+        assert status["actuators"]["cpufreq"]["writable"] is True
+        assert "intel-rapl:0" in status["actuators"]["cpufreq"]["reason"]
+        d.tree.write(ZONE_TEMP, 95000)
+
+        def lowered() -> int:
+            limit = uw(d.tree)
+            assert 3_750_000 <= limit < 15_000_000  # never under a quarter of what it found
+            return limit
+
+        eventually(lowered, timeout_s=30)
+
+        def shown() -> dict[str, object]:
+            package: dict[str, object] = d.status()["actuators"]["cpufreq"]["clusters"][-1]
+            assert package["cap_khz"] is not None
+            return package
+
+        assert eventually(shown)["unit"] == "µW"
+        assert (tmp_path / "state" / "freq-originals.json").exists()
+    finally:
+        assert d.stop() == 0
+    assert uw(d.tree) == 15_000_000
+    assert not (tmp_path / "state" / "freq-originals.json").exists()

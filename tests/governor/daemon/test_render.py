@@ -139,6 +139,10 @@ def test_the_clock_cap_and_where_it_cannot_be_written() -> None:
     only_pstate = {"writable": True, "reason": "", "freq_cap_khz": None, "clusters": [pstate]}
     text = shown(base | {"actuators": {"cpufreq": only_pstate}})
     assert "capped: intel_pstate 60 % of the top P-state (restored on exit)" in text
+    package = {"policy": "intel-rapl:0", "cpus": "package-0", "writable": True, "cap_khz": 9_000_000}
+    with_rapl = only_pstate | {"clusters": [pstate, package | {"max_khz": 15_000_000, "unit": "µW"}]}
+    text = shown(base | {"actuators": {"cpufreq": with_rapl}})
+    assert "intel_pstate 60 % of the top P-state, intel-rapl:0 (package-0) 9.0 of 15.0 W (restored" in text
     unwritable = {"writable": False, "reason": "scaling_max_freq is not writable: threads and rate are the actuators"}
     text = shown(base | {"actuators": {"cpufreq": unwritable | {"freq_cap_khz": None, "clusters": []}}})
     assert "not writable: threads and rate are the actuators" in text

@@ -31,7 +31,8 @@ def test_system_unit_has_real_paths_and_the_contract(tmp_path: Path) -> None:
         "ProtectHome=read-only",
         "PrivateTmp=yes",
         "DynamicUser=yes",
-        "ReadWritePaths=-/sys/devices/system/cpu/cpufreq -/sys/devices/system/cpu/intel_pstate",  # the clock caps
+        "ReadWritePaths=-/sys/devices/system/cpu/cpufreq -/sys/devices/system/cpu/intel_pstate"
+        " -/sys/devices/virtual/powercap",  # the clock caps and RAPL limits
         "CapabilityBoundingSet=CAP_DAC_OVERRIDE",
     ):
         assert f"\n{line}\n" in text
