@@ -122,6 +122,13 @@ class EngineSpec(Spec):
     # threads wait for each other at every step, so a descheduled one stalls them all. 2 cores, 2 threads beside one
     # CPU hog: 25 tok/s measured where a fair 2/3 share of the 78 alone would give 52 (docs/lab.md).
     barrier_efficiency: float = Field(default=0.48, gt=0, le=1)
+    # llama.cpp maps the GGUF file (use_mmap, its default), so the weights are page cache: clean file pages the kernel
+    # reclaims before it calls the OOM killer (Documentation/admin-guide/mm/concepts.rst, "Reclaim" and "OOM
+    # killer"). An engine short of room for them is not killed: it re-reads the evicted part from storage at every
+    # token (thrashing, at load_mb_s). Only its anonymous memory (KV, compute buffer, runtime) can get it killed.
+    # false: the weights count as unreclaimable too, as where a repack or --no-mmap copied them into anonymous
+    # buffers, or where a userspace killer acts on memory pressure first (Android's lmkd kills on PSI).
+    weights_reclaimable: bool = True
     model: tuple[SimModelSpec, ...] = Field(min_length=1)
 
     def tier(self, name: str) -> SimModelSpec:

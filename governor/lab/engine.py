@@ -64,6 +64,7 @@ class EngineSim:
         self._prefill_eff = 1.0  # prompt evaluation speed at this n_batch relative to 512
         self._kv_per_tok = self._weights = 0.0
         self._footprint = 0  # bytes the process takes once loaded with the current config
+        self.room_bytes = float("inf")  # what other programs leave (the world sets it each step)
         self._cached: set[str] = set()  # models read once stay in the page cache (mmap) unless memory runs out
         self.config: EngineConfig | None = None
         self.tier: SimModelSpec | None = None
@@ -184,11 +185,28 @@ class EngineSim:
     def footprint_bytes(self) -> int:
         return self._footprint
 
+    def unreclaimable_bytes(self) -> float:
+        """What the kernel cannot take back from the loaded process short of killing it (EngineSpec.weights_reclaimable:
+        the mapped weights are page cache)."""
+        return self._footprint - self._weights if self.spec.weights_reclaimable else float(self._footprint)
+
+    def _evicted_bytes(self) -> float:
+        """Weights the page cache could not keep in the room left: read from storage again at every token."""
+        if not self.spec.weights_reclaimable:
+            return 0.0
+        return max(0.0, self._weights - max(0.0, self.room_bytes - self.unreclaimable_bytes()))
+
     def resident_bytes(self) -> int:
         """The process's memory: all of it once loaded, its runtime alone while paused (model unloaded)."""
         if self.loaded:
-            return self.footprint_bytes()
+            return int(self._footprint - self._evicted_bytes())
         return int(self.spec.overhead_mb * MB) if self.paused else 0
+
+    def memory_left(self, room_bytes: float, t: float) -> None:
+        """Other programs leave `room_bytes`: the kernel kills the process once what it cannot reclaim exceeds it."""
+        self.room_bytes = room_bytes
+        if self.loaded and self.unreclaimable_bytes() > room_bytes:
+            self.oom_kill(t)
 
     def oom_kill(self, t: float) -> None:
         """The kernel kills the process: the answer in progress is lost; the daemon starts it again."""
@@ -276,6 +294,8 @@ class EngineSim:
         slowdown = 1.0 if share >= 1.0 else share * self.spec.barrier_efficiency
         compute = self._speed * freq_ratio * slowdown
         kv_per_tok, weights = self._kv_per_tok, self._weights
+        # Thrashing: the evicted weights come from storage once per decoded token and once per prompt batch.
+        reread_s = self._evicted_bytes() / (self.spec.load_mb_s * MB)
         now = max(t, self.ready_s)
         end = t + h
         busy = 0.0
@@ -290,20 +310,24 @@ class EngineSim:
                     break
             left = end - now
             if self.prefill_left > 0:
-                rate = compute * tier.prefill_thread_tok_s * self._prefill_eff
+                computing = rate = compute * tier.prefill_thread_tok_s * self._prefill_eff
+                if reread_s:
+                    rate = 1.0 / (1.0 / rate + reread_s / cfg.n_batch)
                 self.prefill_tokens_per_s = rate
                 spent = min(left, self.prefill_left / rate)
                 done = rate * spent
                 self.prefill_left -= done
                 self.ctx += done
                 self.stats.prefill_tokens += done
-                busy += spent
+                busy += spent * rate / computing  # waiting for storage is not CPU work
                 now += spent
                 if self.prefill_left <= 1e-9:
                     self.prefill_left = 0.0
                 continue
             bandwidth = self.spec.bandwidth_gb_s * 1e9 / (weights + kv_per_tok * self.ctx)
-            limit = min(compute * tier.thread_tok_s, bandwidth * slowdown)
+            computing = limit = min(compute * tier.thread_tok_s, bandwidth * slowdown)
+            if reread_s:
+                limit = 1.0 / (1.0 / limit + reread_s)
             self.uncapped_tokens_per_s = limit
             rate = min(limit, cfg.max_tokens_per_s) if cfg.max_tokens_per_s else limit
             spent = min(left, self.answer_left / rate)
@@ -318,7 +342,7 @@ class EngineSim:
             self.window_tokens += done
             self.window_decode_s += spent
             self.stats.rate_samples.append((rate, spent))
-            busy += spent * rate / limit
+            busy += spent * rate / computing
             now += spent
             if self.answer_left <= 1e-9:
                 self.history = self.ctx

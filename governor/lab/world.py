@@ -159,8 +159,7 @@ class World:
         self._ramp_to(t)
         engine = self.engine
         upstream = self._dispatch(t)
-        if engine.loaded and engine.footprint_bytes() > self.total_bytes - self.other_apps_bytes:
-            engine.oom_kill(t)
+        engine.memory_left(self.total_bytes - self.other_apps_bytes, t)
         freq = self.freq_ratio
         background = self.driver.background_cores(t)
         running = engine.busy()
