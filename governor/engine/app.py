@@ -10,7 +10,8 @@ import asyncio
 import math
 import os
 import time
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 import psutil
 from pydantic import BaseModel, ConfigDict, StringConstraints, TypeAdapter, ValidationError
@@ -62,6 +63,9 @@ class Pause(BaseModel):
 _PAUSE: TypeAdapter[Pause] = TypeAdapter(Pause)
 
 
+T = TypeVar("T")
+
+
 class BodyTooLarge(Exception):
     pass
 
@@ -80,6 +84,16 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise BodyTooLarge
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def parse_body(request: Request, limit: int, parse: Callable[[bytes], T]) -> T | Response:
+    """The body read (at most `limit` bytes) and parsed by `parse`, or the 413 / 400 answer that says what was wrong."""
+    try:
+        return parse(await read_body(request, limit))
+    except BodyTooLarge:
+        return too_large(limit)
+    except ValidationError as exc:
+        return validation_error(exc)
 
 
 def too_large(limit: int) -> JSONResponse:
@@ -197,16 +211,16 @@ class EngineApp:
         )
 
     async def config(self, request: Request) -> Response:
+        # Any subset of the settings, validated by the one settings model (merged into the current ones).
+        body = await parse_body(request, MAX_CONFIG_BODY, _OBJECT.validate_json)
+        if isinstance(body, Response):
+            return body
         try:
-            # Any subset of the settings, validated by the one settings model (merged into the current ones).
-            body = _OBJECT.validate_json(await read_body(request, MAX_CONFIG_BODY))
             asked = self.worker.settings.change(body)
             change = {name: getattr(asked, name) for name in body}
             # Refuse now, before touching the model; in a thread: the first check of a quantized KV type for a
             # model file not loaded yet reads its header (up to a second).
             await asyncio.to_thread(resolve, self.worker.settings, change, self.worker.models)
-        except BodyTooLarge:
-            return too_large(MAX_CONFIG_BODY)
         except ValidationError as exc:
             return validation_error(exc)
         except ConfigRefused as exc:
@@ -233,22 +247,16 @@ class EngineApp:
         """{"reason": "..."}: unload the model at the next token boundary and keep it unloaded, the running answer
         and the queue waiting (the daemon's memory wait); {"reason": null}: load again and continue. Returns at once:
         `/engine/status` shows `paused` and `loaded`."""
-        try:
-            body = _PAUSE.validate_json(await read_body(request, MAX_CONFIG_BODY))
-        except BodyTooLarge:
-            return too_large(MAX_CONFIG_BODY)
-        except ValidationError as exc:
-            return validation_error(exc)
+        body = await parse_body(request, MAX_CONFIG_BODY, _PAUSE.validate_json)
+        if isinstance(body, Response):
+            return body
         self.worker.pause(body.reason)
         return JSONResponse({"paused": self.worker.paused, "loaded": self.worker.slot.loaded})
 
     async def chat(self, request: Request) -> Response:
-        try:
-            req = ChatRequest.model_validate_json(await read_body(request, MAX_CHAT_BODY))
-        except BodyTooLarge:
-            return too_large(MAX_CHAT_BODY)
-        except ValidationError as exc:
-            return validation_error(exc)
+        req = await parse_body(request, MAX_CHAT_BODY, ChatRequest.model_validate_json)
+        if isinstance(req, Response):
+            return req
         refused = refusals.check(req)
         if refused is not None:
             return error(400, refused.message, param=refused.param, code=refused.code)
@@ -259,12 +267,9 @@ class EngineApp:
         return await self._answer(request, req, wanted, ToolReply if wanted.tools else Reply)
 
     async def completions(self, request: Request) -> Response:
-        try:
-            req = CompletionRequest.model_validate_json(await read_body(request, MAX_CHAT_BODY))
-        except BodyTooLarge:
-            return too_large(MAX_CHAT_BODY)
-        except ValidationError as exc:
-            return validation_error(exc)
+        req = await parse_body(request, MAX_CHAT_BODY, CompletionRequest.model_validate_json)
+        if isinstance(req, Response):
+            return req
         refused = refusals.check(req)
         if refused is not None:
             return error(400, refused.message, param=refused.param, code=refused.code)
