@@ -33,6 +33,7 @@ class Pausing(Reconfigure):
         if self._swap is not None:  # a warm swap's second context is memory too: its change waits for the next load
             swap, self._swap = self._swap, None
             swap.cancel()
+            log.info("engine.swap_cancelled", why="paused", **swap.target.model_dump())
             with self._lock:
                 self._pending.insert(0, swap.job)
         if self.slot.loaded:

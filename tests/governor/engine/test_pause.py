@@ -4,6 +4,7 @@ the queue, and on resume the same answer goes on (its context evaluated again) a
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,32 @@ def test_a_paused_answer_whose_client_leaves_ends_and_an_idle_paused_engine_wait
     assert waiting.done
     assert "Paris" in waiting.text
     assert engine.status()["generations_failed"] == before["generations_failed"]
+
+
+def test_a_pause_during_a_kv_change_keeps_the_change_and_the_answer(engine: Engine) -> None:
+    """Two threads let a q8_0 change mid-answer be built warm beside the answer (governor.engine.swap): a pause that
+    comes meanwhile cancels that second context too (memory is short) and the change applies to the next load, or the
+    switch came first; either way the answer goes on in the new cache after the resume."""
+    assert engine.config(threads=2, max_tokens_per_s=25).status_code == 200
+    thread, seen = engine.stream_in_thread(greedy(STORY, 110))
+    eventually(lambda: len(seen.arrivals) >= 10, timeout_s=60)
+    answers: list[Any] = []
+    change = threading.Thread(target=lambda: answers.append(engine.config(kv_type="q8_0")))
+    change.start()
+    pause(engine, WAIT)
+    change.join(120)
+    assert answers[0].status_code == 200, answers[0].text
+    assert answers[0].json()["applied"] in ("reload", "unloaded")
+    status = eventually(lambda: unloaded(engine), timeout_s=30)
+    assert status["kv_type"] == "q8_0"
+    held = len(seen.chunks)
+    pause(engine, None)
+    thread.join(200)
+    assert seen.done, seen.chunks[-1:]
+    assert len(seen.chunks) > held
+    assert not [c for c in seen.chunks if "error" in c]
+    status = engine.status()
+    assert (status["loaded"], status["kv_type"]) == (True, "q8_0")
 
 
 @pytest.mark.parametrize(
