@@ -25,6 +25,8 @@ from starlette.types import Receive, Scope, Send
 from governor.engine.events import Ended, Event, Failed, ModelChanged, Text, Trimmed
 from governor.engine.replies import Reply, dumps
 
+KEEPALIVE_S = 15.0  # a stream with nothing to say this long (paused, reloading) gets an SSE comment
+KEEPALIVE = ": keep-alive\n\n"  # ignored by SSE clients (the openai SDK too), but it resets their read timeout
 AUTO_INTERVAL_S = 0.1  # 10 writes a second at most: the client's per-chunk CPU is then ~1 % of a core or less
 
 
@@ -84,10 +86,11 @@ class Events:
         self.gone = True
         self._resume()
 
-    async def batch(self) -> list[Event] | None:
+    async def batch(self, quiet_s: float | None = None) -> list[Event] | None:
         """Every event that arrived since the last call (waiting for the first one, and for text while the
-        interval runs); None once the client is gone."""
+        interval runs); None once the client is gone; an empty list when nothing came for `quiet_s`."""
         loop = self._loop
+        give_up = None if quiet_s is None else loop.time() + quiet_s
         while not self.gone:
             if self._items:
                 due = -math.inf if self._text_at is None else self._text_at + self._interval_s
@@ -95,11 +98,16 @@ class Events:
                     break
                 if self._timer is None:
                     self._timer = loop.call_at(due, self._resume)
+            elif give_up is not None and loop.time() >= give_up:
+                return []
             self._waiter = loop.create_future()
+            quiet = None if give_up is None else loop.call_at(give_up, self._resume)
             try:
                 await self._waiter
             finally:
                 self._waiter = None
+                if quiet is not None:
+                    quiet.cancel()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -121,8 +129,12 @@ async def watch_disconnect(receive: Receive, events: Events) -> None:
     events.hang_up()
 
 
-async def sse(events: Events, backlog: list[Event], reply: Reply, include_usage: bool) -> AsyncIterator[str]:
-    """The SSE text of a streamed answer, one piece per batch of events; ends early when the client goes away."""
+async def sse(
+    events: Events, backlog: list[Event], reply: Reply, include_usage: bool, *, keepalive_s: float = KEEPALIVE_S
+) -> AsyncIterator[str]:
+    """The SSE text of a streamed answer, one piece per batch of events, and a comment after `keepalive_s` without
+    one (an answer paused for memory or waiting on a reload: a client's read timeout must not end it); ends early
+    when the client goes away."""
     yield reply.opening()
     batch: list[Event] | None = backlog
     while batch is not None:
@@ -158,7 +170,9 @@ async def sse(events: Events, backlog: list[Event], reply: Reply, include_usage:
             yield piece
         if finished:
             return
-        batch = await events.batch()
+        batch = await events.batch(keepalive_s)
+        if batch == []:
+            yield KEEPALIVE
 
 
 class EventStream(Response):

@@ -10,7 +10,7 @@ import threading
 
 from governor.engine.events import Ended, Text
 from governor.engine.replies import Reply
-from governor.engine.stream import AUTO_INTERVAL_S, Events, sse, stream_interval_s
+from governor.engine.stream import AUTO_INTERVAL_S, KEEPALIVE, Events, sse, stream_interval_s
 
 USAGE = {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
 
@@ -103,3 +103,19 @@ def test_the_auto_interval_coalesces_only_when_the_decode_threads_take_every_cpu
     assert stream_interval_s(None, cpus - 1) == (0.0 if cpus > 1 else AUTO_INTERVAL_S)
     assert stream_interval_s(0.0, cpus) == 0.0  # asked for every token
     assert stream_interval_s(250.0, 1) == 0.25
+
+
+def test_a_stream_with_nothing_to_say_sends_a_comment_that_keeps_the_client_waiting() -> None:
+    async def main() -> tuple[list[str], list[str]]:
+        events = Events(asyncio.get_running_loop(), eager=True)
+        stream = sse(events, [], Reply("m"), include_usage=False, keepalive_s=0.02)
+        await anext(stream)  # the opening
+        quiet = [await anext(stream), await anext(stream)]  # paused: nothing comes
+        events(Text("Hello"))
+        events(Ended("length", USAGE))
+        return quiet, contents(await anext(stream))
+
+    quiet, after = asyncio.run(main())
+    assert quiet == [KEEPALIVE, KEEPALIVE]
+    assert KEEPALIVE.startswith(":")  # an SSE comment: no event for the client, but bytes for its read timeout
+    assert after == ["Hello"]  # the answer goes on as if nothing happened
