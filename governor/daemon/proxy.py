@@ -306,8 +306,7 @@ class ProxyApp:
             if self.router is not None and info is not None:
                 self.router.local_ttft(info.prompt_tokens, loop.time() - began, idle=idle)
         try:
-            while (data := await upstream.body()) is not None:
-                await send({"type": "http.response.body", "body": data, "more_body": True})
+            await upstream.relay(lambda data: send({"type": "http.response.body", "body": data, "more_body": True}))
         except Broken as exc:
             error = b"data: " + error_body(await self._died(start, exc), "engine_died") + b"\n\ndata: [DONE]\n\n"
             await send({"type": "http.response.body", "body": error, "more_body": False})

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import h11
 import pytest
 
 from governor.daemon.proxy import ProxyServer
+from governor.daemon.proxylink import Broken, EngineLink
 from governor.daemon.supervisor import Availability
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -80,8 +81,9 @@ def proxied(tmp_path: Path) -> Iterator[tuple[ScriptedEngine, Path]]:
     engine.close()
 
 
-def ask(public: Path) -> tuple[int, bytes]:
-    """POST a chat request through the proxy; the status and the (de-chunked) body the client got."""
+def ask(public: Path, recv_bytes: int = 65536) -> tuple[int, bytes]:
+    """POST a chat request through the proxy; the status and the (de-chunked) body the client got (read
+    `recv_bytes` at a time)."""
     conn = h11.Connection(h11.CLIENT)
     with socket.socket(socket.AF_UNIX) as sock:
         sock.settimeout(10)
@@ -93,7 +95,7 @@ def ask(public: Path) -> tuple[int, bytes]:
         while True:
             event = conn.next_event()
             if event is h11.NEED_DATA:
-                conn.receive_data(sock.recv(65536))
+                conn.receive_data(sock.recv(recv_bytes))
             elif isinstance(event, h11.Response):
                 status = event.status_code
             elif isinstance(event, h11.Data):
@@ -142,3 +144,85 @@ def test_garbage_from_the_engine_is_a_502(proxied: tuple[ScriptedEngine, Path]) 
     status, body = ask(public)
     assert status == 502
     assert b"engine_died" in body
+
+
+def test_a_slow_client_gets_every_byte_in_order(proxied: tuple[ScriptedEngine, Path]) -> None:
+    """More than the socket buffers hold: the proxy has to wait for the client (flow control) while relaying."""
+    engine, public = proxied
+    events = [b'data: {"n": %d, "pad": "%s"}\n\n' % (i, b"x" * 4000) for i in range(300)]
+    engine.parts = [SSE_HEAD, *(chunk(e) for e in events), b"0\r\n\r\n"]
+    assert ask(public, recv_bytes=4096) == (200, b"".join(events))
+
+
+def relay_through(path: Path, forward: Callable[[list[bytes]], Awaitable[None]]) -> list[bytes]:
+    """Run one request on `path` and relay its body through `forward` (given what came so far); what it was given."""
+    got: list[bytes] = []
+
+    async def main() -> None:
+        link = EngineLink(path)
+        await link.send(b"POST", b"/v1/chat/completions", [], b"{}")
+        assert (await link.head())[0] == 200
+
+        async def each(data: bytes) -> None:
+            got.append(data)
+            await forward(got)
+
+        try:
+            await link.relay(each)
+        finally:
+            link.close()
+
+    asyncio.run(main())
+    return got
+
+
+def test_relay_finishes_a_piece_that_had_to_wait_before_the_next_one(tmp_path: Path) -> None:
+    engine = ScriptedEngine(tmp_path / "e.sock")
+    events = [b"data: %d\n\n" % i for i in range(300)]
+    engine.parts = [SSE_HEAD, *(chunk(e) for e in events), b"0\r\n\r\n"]
+    running = 0
+    most = 0
+
+    async def forward(got: list[bytes]) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        for _ in range(3 if len(got) % 2 else 0):  # every other piece waits a few turns, as a send to a full socket
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.001 if len(got) == 2 else 0)  # and one waits for a timer (a future)
+        running -= 1
+
+    try:
+        got = relay_through(engine.path, forward)
+    finally:
+        engine.close()
+    assert b"".join(got) == b"".join(events)
+    assert most == 1  # a piece is never handed on while the one before it still waits
+
+
+def test_relay_raises_broken_after_handing_on_what_came(tmp_path: Path) -> None:
+    engine = ScriptedEngine(tmp_path / "e.sock")
+    engine.parts = [SSE_HEAD, chunk(b"data: 0\n\n"), chunk(b"data: 1\n\n")]  # then the engine closes mid-answer
+
+    async def forward(got: list[bytes]) -> None:
+        await asyncio.sleep(0)
+
+    try:
+        with pytest.raises(Broken, match="closed the connection"):
+            relay_through(engine.path, forward)
+    finally:
+        engine.close()
+
+
+def test_a_failing_forward_fails_the_relay(tmp_path: Path) -> None:
+    engine = ScriptedEngine(tmp_path / "e.sock")
+    engine.parts = [SSE_HEAD, chunk(b"data: 0\n\n"), chunk(b"data: 1\n\n"), b"0\r\n\r\n"]
+
+    async def forward(got: list[bytes]) -> None:
+        raise RuntimeError("the client's side is gone")
+
+    try:
+        with pytest.raises(RuntimeError, match="gone"):
+            relay_through(engine.path, forward)
+    finally:
+        engine.close()
