@@ -24,7 +24,7 @@ import contextlib
 import grp
 import os
 import threading
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -348,6 +348,19 @@ class ProxyApp:
         return self.gate.availability().retry_after_s or 1
 
 
+def fast_loop() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop when it is installed (optional: `pip install inference-governor[fast]`; no wheels for
+    Termux), else asyncio's own (None): about 10-25 % less CPU per relayed token (docs/benchmarks.md).
+    GOVERNOR_PROXY_LOOP=asyncio chooses asyncio's even when uvloop is there."""
+    if os.environ.get("GOVERNOR_PROXY_LOOP") == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 class ProxyServer:
     """The public socket, bound at once (so a bad path is a one-line error at start), served on its own thread."""
 
@@ -391,7 +404,8 @@ class ProxyServer:
         self._thread = threading.Thread(target=self._serve, name="engine-proxy", daemon=True)
 
     def _serve(self) -> None:
-        asyncio.run(self._server.serve(sockets=[self._sock]))
+        with asyncio.Runner(loop_factory=fast_loop()) as runner:
+            runner.run(self._server.serve(sockets=[self._sock]))
 
     def start(self) -> None:
         self._thread.start()

@@ -9,7 +9,7 @@ import json
 import ssl
 from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import h11
 import httptools
@@ -125,8 +125,7 @@ class EngineLink(asyncio.BufferedProtocol):
 
     # asyncio's callbacks.
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport subclasses
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._buffer
@@ -231,7 +230,7 @@ class EngineLink(asyncio.BufferedProtocol):
         (the client is not reading: flow control) does the rest of it run here, with reading paused meanwhile."""
         try:
             while True:
-                if self._body:
+                while self._body:  # more can come (and the end with it) while a piece is being handed on here
                     await forward(self._take())
                 if self._complete:
                     return

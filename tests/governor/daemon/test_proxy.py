@@ -11,7 +11,7 @@ from pathlib import Path
 import h11
 import pytest
 
-from governor.daemon.proxy import ProxyServer
+from governor.daemon.proxy import ProxyServer, fast_loop
 from governor.daemon.proxylink import Broken, EngineLink
 from governor.daemon.supervisor import Availability
 
@@ -71,8 +71,12 @@ class ScriptedEngine:
         self._thread.join(5)
 
 
-@pytest.fixture
-def proxied(tmp_path: Path) -> Iterator[tuple[ScriptedEngine, Path]]:
+@pytest.fixture(params=["asyncio", "uvloop"])
+def proxied(
+    tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[ScriptedEngine, Path]]:
+    """The proxy on asyncio's own event loop and on uvloop (used when installed: governor.daemon.proxy.fast_loop)."""
+    monkeypatch.setenv("GOVERNOR_PROXY_LOOP", request.param)
     engine = ScriptedEngine(tmp_path / "e-child.sock")
     proxy = ProxyServer(tmp_path / "e.sock", engine.path, Gate(), hold_s=1.0, drain_s=1)
     proxy.start()
@@ -226,3 +230,12 @@ def test_a_failing_forward_fails_the_relay(tmp_path: Path) -> None:
             relay_through(engine.path, forward)
     finally:
         engine.close()
+
+
+def test_the_proxy_runs_on_uvloop_when_installed_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvloop
+
+    monkeypatch.delenv("GOVERNOR_PROXY_LOOP", raising=False)
+    assert fast_loop() is uvloop.new_event_loop
+    monkeypatch.setenv("GOVERNOR_PROXY_LOOP", "asyncio")
+    assert fast_loop() is None
