@@ -76,7 +76,9 @@ class ThreadFit:
 
     def update(self, cpu: Cpu, engine: EngineObservation | None, rate_capped: bool, t: float) -> None:
         self._cpu = cpu
-        self._level(cpu, t)
+        # Under a rate cap the engine idles for part of each token by choice: its use says nothing of the sharing.
+        threads = engine.threads if engine is not None and not rate_capped else None
+        self._level(self.demand(cpu, threads), cpu.count, t)
         self._busy = engine is not None and engine.busy
         if engine is None:
             return
@@ -97,12 +99,26 @@ class ThreadFit:
             fresh = old is not None and t - old[1] <= self.cfg.measure_max_age_s
             self._rates[key] = ((1 - ALPHA) * old[0] + ALPHA * rate if fresh and old else rate, t)
 
-    def _level(self, cpu: Cpu, t: float) -> None:
-        other, count, cfg = cpu.other_cores, cpu.count, self.cfg
+    def demand(self, cpu: Cpu, threads: int | None) -> float | None:
+        """Cores' worth the other processes want. What they got, unless every core is busy and the engine's threads
+        got less than a core each: then the scheduler shared the cores per runnable thread, and the others wanted
+        their use x the engine's threads / the engine's use (a build's 8 tasks on 4 cores beside 4 engine threads
+        get 2.7 cores: 8 wanted, more than there are)."""
+        other, engine, count, slack = cpu.other_cores, cpu.engine_cores, cpu.count, self.cfg.release_fraction
+        if other is None or engine is None or not count or not threads or engine <= slack:
+            return other
+        if other + engine >= count - slack and engine < threads - slack:
+            return other * threads / engine
+        return other
+
+    def _level(self, other: float | None, count: int | None, t: float) -> None:
+        cfg = self.cfg
         if other is None or not count:
             self._want_since = None  # unknown keeps the level as it was
             return
-        top = count - 1  # at least one core is always the engine's
+        # Every core counts as taken only when the others want (nearly) all of them: no free core for any thread
+        # count (see `limit`); otherwise at least one core is the engine's.
+        top = count if other >= count - cfg.release_fraction else count - 1
         up = min(top, max(0, int(other + 1 - cfg.take_fraction)))
         down = min(top, max(0, int(other + 1 - cfg.release_fraction)))
         want = up if up > self.taken else down if down < self.taken else self.taken
@@ -121,7 +137,9 @@ class ThreadFit:
         if not cfg.enabled or cpu is None:
             return threads, None
         count = cpu.count
-        cap = max(1, count - self.taken) if count and self.taken else None
+        # Others want every core: whatever the count, each thread shares a core and waits at the barrier, and the
+        # scheduler's per-thread shares give more threads more CPU; a cap would only cede them. No cap then.
+        cap = count - self.taken if count and 0 < self.taken < count else None
         n = min(threads, cap) if cap is not None else threads
         measured = probe = None
         fresh = self._fresh(t)

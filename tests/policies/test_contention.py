@@ -213,3 +213,36 @@ def test_the_power_model_does_not_learn_from_a_contended_engine(policy: Policy) 
         seen.append(model.observations)
     assert seen[119] == 0  # none while the hog runs, not even in the second it takes to count the core as taken
     assert seen[-1] > seen[119] + 30  # given back after the 15 s dwell: learning again
+
+
+def shared(tasks: float, threads: int, busy: bool, count: int = 2) -> Snapshot:
+    """`tasks` other runnable CPU-bound tasks beside the engine: the scheduler gives every runnable thread an equal
+    share of the cores (what /proc/stat shows for the others and for the engine)."""
+    running = threads if busy else 0
+    share = min(1.0, count / (running + tasks))
+    cpu = Cpu(freq_ratio=None, throttled=None, count=count, other_cores=min(count, tasks * share),
+              engine_cores=running * share, psi_some_avg10=100.0)  # fmt: skip
+    return snap(50.0).model_copy(update={"cpu": cpu})
+
+
+def test_others_wanting_every_core_leave_no_core_to_free(policy: Policy) -> None:
+    """A parallel build (4 runnable tasks on 2 cores) between turns and beside them: no thread count avoids a shared
+    core, and each thread gets its fair share, so the cap would only give the build the engine's shares."""
+    gov, threads, seen = StateMachine(policy), 2, []
+    for t in range(240):
+        busy = t % 40 >= 10  # 10 s between answers: the build has both cores then
+        engine = EngineObservation(busy=busy, tokens_per_s=10.0 * threads if busy else None, model="m", threads=threads)
+        threads = gov.decide(shared(4.0, threads, busy), engine, float(t)).engine.threads
+        seen.append(threads)
+    assert set(seen) == {2}
+    assert gov._fit_threads.taken == 2  # every core counted as wanted by the others
+
+
+def test_one_hog_beside_the_engine_is_one_core_from_the_shares(policy: Policy) -> None:
+    """One hog beside 2 engine threads gets 2/3 of a core; read back from the shares its demand is 1 core
+    (2/3 x 2 threads / (4/3)), not every core: the cap holds (1 thread), as in the issue's table."""
+    gov, threads = StateMachine(policy), 2
+    for t in range(10):
+        engine = EngineObservation(busy=True, tokens_per_s=25.0 if threads == 2 else 48.0, model="m", threads=threads)
+        threads = gov.decide(shared(1.0, threads, True), engine, float(t)).engine.threads
+    assert threads == 1
