@@ -173,15 +173,21 @@ def generating_phase(daemon: DaemonProc, engine_pid: int, seconds: float) -> Non
     gen = Generator(daemon.engine_socket)
     gen.start()
     eventually(lambda: gen.tokens > 5, timeout_s=60)
-    t0 = ticks(daemon)
+    t0, tokens0 = ticks(daemon), gen.tokens
     busy = measure({"daemon": daemon.proc.pid, "engine": engine_pid}, seconds)
-    n = ticks(daemon) - t0
+    n, tokens = ticks(daemon) - t0, gen.tokens - tokens0
     gen.stop.set()
     gen.join(60)
-    show("generating: answers back to back", busy, seconds, f", {n} daemon ticks")
+    show("generating: answers back to back", busy, seconds, f", {n} daemon ticks, {tokens} tokens")
     share = busy["daemon"].cpu_s_per_min / max(busy["engine"].cpu_s_per_min, 1e-9)
     goal = GENERATING_GOAL
     print(f"  daemon ÷ engine: {share:.4f}   ratio to the {goal:.0%} goal: {share / goal:.2f}")
+    # Per token: the engine's CPU per token rises with the machine's load (its threads spin at llama.cpp's barriers
+    # while descheduled), which flatters the ratio; the daemon's per token moves less.
+    per_token = seconds / 60 / max(tokens, 1)
+    daemon_us = busy["daemon"].cpu_s_per_min * per_token * 1e6
+    engine_ms = busy["engine"].cpu_s_per_min * per_token * 1e3
+    print(f"  per token: daemon {daemon_us:.0f} µs, engine {engine_ms:.2f} ms ({tokens / seconds:.1f} tokens/s)")
 
 
 def mitigating_phase(daemon: DaemonProc, engine_pid: int, seconds: float, settle_s: float) -> None:
