@@ -125,7 +125,9 @@ class StateMachine:
         sense = self._sense(snapshot, engine, t)
         if self.power.enabled:  # the clock's fine steps let the setpoint sit closer to the trip
             view = sense.view
-            setpoint = max(view.trip_c - self.policy.power.control_margin_c, view.hot_exit_c + 0.5)
+            power = self.policy.power
+            margin = power.throttled_margin_c if sense.cpu_throttled else power.control_margin_c
+            setpoint = max(view.trip_c - margin, view.hot_exit_c + 0.5)
             if setpoint != view.setpoint_c:
                 sense = replace(sense, view=replace(view, setpoint_c=setpoint))
         desired = next((s for s in PRIORITY if s in self.triggers and self.triggers[s].on), State.IDLE)

@@ -8,7 +8,7 @@ from policies import StateMachine
 from policies.allocator import Choice, DeviceModel, PowerAllocator, allocate
 from policies.decision import State
 from policies.schema import Power
-from sensors.snapshot import EngineObservation
+from sensors.snapshot import Cpu, EngineObservation
 from tests.policies.builders import run, snap
 from tests.policies.conftest import make_policy
 
@@ -156,6 +156,14 @@ def test_with_the_clock_the_setpoint_sits_closer_to_the_trip() -> None:
     threads_only = run(StateMachine(make_policy()), [snap(79.0)] * 6)[-1]
     assert with_clock.readings["setpoint_c"] == 79.5
     assert threads_only.readings["setpoint_c"] == 78.0
+
+
+def test_once_the_kernel_throttles_the_setpoint_leaves_its_hysteresis_band() -> None:
+    """A touch of the trip gives the kernel a step that its trip's hysteresis holds until the zone falls under it:
+    at a setpoint 0.5 °C under the trip it never would (the pi4 board beside a hog: 21 % of the run throttled)."""
+    throttled = snap(79.0).model_copy(update={"cpu": Cpu(freq_ratio=0.9, throttled=True)})
+    decisions = run(hot_policy(), [snap(79.0)] * 6 + [throttled] * 3 + [snap(79.0)] * 3)
+    assert [d.readings["setpoint_c"] for d in decisions[5:]] == [79.5] + [76.5] * 3 + [79.5] * 3
 
 
 def memory_bound(freq: float) -> float:
