@@ -13,7 +13,8 @@ Decode speed per token (documented in docs/lab.md):
 
 The context follows the real engine's rules (docs/lab.md): a turn evaluates only its new tokens, an overflow shifts
 the cache (drops its older half), an n_ctx change copies the cache into the new context, and only a KV type or model
-change (or a restart) evaluates the conversation again.
+change (or a restart) evaluates the conversation again: a KV type change mid-answer warm where the real engine would
+do it (governor.lab.swap), the answer going on meanwhile, else cold (the answer stops until it is evaluated again).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from governor.lab.device import MB, CpuSpec, EngineSpec, SimModelSpec
+from governor.lab.swap import Swapping, WarmSwap
 from governor.lab.workload import Request
 from policies.decision import EngineConfig
 
@@ -47,13 +49,15 @@ class EngineStats:
     oom_kills: int = 0
     starts: int = 0  # engine processes started: the first, after an OOM kill, after waiting for memory
     reloads: int = 0  # new KV cache: the conversation evaluated again
+    warm_swaps: int = 0  # of which built beside the answering context (governor.lab.swap)
+    cold_why: list[str] = field(default_factory=list)  # why each KV type change mid-answer was not warm
     resizes: int = 0  # n_ctx changes that kept the cache
     shifts: int = 0  # context shifts (the oldest half of the cache dropped, the rest kept)
     ttft_s: list[float] = field(default_factory=list)
     rate_samples: list[tuple[float, float]] = field(default_factory=list)  # (tokens/s, seconds) while decoding
 
 
-class EngineSim:
+class EngineSim(Swapping):
     """One engine process: loads the model a config names, serves requests one at a time, can be OOM-killed."""
 
     def __init__(self, spec: EngineSpec, cpu: CpuSpec) -> None:
@@ -67,6 +71,7 @@ class EngineSim:
         self.room_bytes = float("inf")  # what other programs leave (the world sets it each step)
         self._cached: set[str] = set()  # models read once stay in the page cache (mmap) unless memory runs out
         self.config: EngineConfig | None = None
+        self._swap: WarmSwap | None = None  # a KV type change being built beside the answering context
         self.tier: SimModelSpec | None = None
         self.loaded = False
         self.stopped = False  # stopped because nothing fits in memory (requests wait in the queue)
@@ -92,6 +97,25 @@ class EngineSim:
 
     def apply(self, config: EngineConfig, t: float) -> None:
         old = self.config
+        if self._swap is not None:  # a newer change waits for the build and applies on top of it
+            self._swap.then = config
+            return
+        if old is not None and self._start_swap(old, config, t):
+            return
+        self._set(config)
+        if self.stopped:
+            return  # started with this config once memory comes back
+        if old is None:
+            self.stats.starts += 1
+        if old is None or old.model != config.model:
+            self._reload(t, delay_s=0.0, weights=True)
+        elif old.kv_type != config.kv_type:
+            self._reload(t, delay_s=0.0, weights=False)
+        elif (old.n_ctx, old.n_batch) != (config.n_ctx, config.n_batch):
+            self._resize(t)  # n_batch too is fixed when a context is built
+
+    def _set(self, config: EngineConfig) -> None:
+        """The figures the engine runs with under `config`."""
         self.config = config
         self.tier = tier = self.spec.tier(config.model)
         cpu = self.cpu
@@ -103,16 +127,6 @@ class EngineSim:
         self._weights = tier.weights_mb * MB
         self._footprint = self.spec.footprint_bytes(tier, config.n_ctx, config.kv_type, config.n_batch)
         self._prefill_eff = batch_efficiency(config.n_batch)
-        if self.stopped:
-            return  # started with this config once memory comes back
-        if old is None:
-            self.stats.starts += 1
-        if old is None or old.model != config.model:
-            self._reload(t, delay_s=0.0, weights=True)
-        elif old.kv_type != config.kv_type:
-            self._reload(t, delay_s=0.0, weights=False)
-        elif (old.n_ctx, old.n_batch) != (config.n_ctx, config.n_batch):
-            self._resize(t)  # n_batch too is fixed when a context is built
 
     def _resize(self, t: float) -> None:
         """An n_ctx (or n_batch) change with the same model and KV type: a new context, the sequence's cache copied
@@ -167,6 +181,7 @@ class EngineSim:
             if self.current is None:
                 self._stop()
             else:
+                self._drop_swap()
                 self.stopped = self.paused = True
                 self.loaded = False
         elif reason is None and self.stopped and self.config is not None:
@@ -179,6 +194,7 @@ class EngineSim:
             self._reload(t, delay_s=self.spec.restart_s, weights=True)
 
     def _stop(self) -> None:
+        self._drop_swap()
         self.stopped, self.loaded, self.paused = True, False, False
         self._pending_history, self.ctx = self.ctx + self._pending_history, 0.0
 
@@ -188,7 +204,8 @@ class EngineSim:
     def unreclaimable_bytes(self) -> float:
         """What the kernel cannot take back from the loaded process short of killing it (EngineSpec.weights_reclaimable:
         the mapped weights are page cache)."""
-        return self._footprint - self._weights if self.spec.weights_reclaimable else float(self._footprint)
+        own = self._footprint - self._weights if self.spec.weights_reclaimable else float(self._footprint)
+        return own + (self._swap.extra_bytes if self._swap is not None else 0.0)
 
     def _evicted_bytes(self) -> float:
         """Weights the page cache could not keep in the room left: read from storage again at every token."""
@@ -197,9 +214,11 @@ class EngineSim:
         return max(0.0, self._weights - max(0.0, self.room_bytes - self.unreclaimable_bytes()))
 
     def resident_bytes(self) -> int:
-        """The process's memory: all of it once loaded, its runtime alone while paused (model unloaded)."""
+        """The process's memory: all of it once loaded (a warm swap's second context too), its runtime alone while
+        paused (model unloaded)."""
         if self.loaded:
-            return int(self._footprint - self._evicted_bytes())
+            swap = self._swap.extra_bytes if self._swap is not None else 0.0
+            return int(self._footprint + swap - self._evicted_bytes())
         return int(self.spec.overhead_mb * MB) if self.paused else 0
 
     def memory_left(self, room_bytes: float, t: float) -> None:
@@ -211,6 +230,7 @@ class EngineSim:
     def oom_kill(self, t: float) -> None:
         """The kernel kills the process: the answer in progress is lost; the daemon starts it again."""
         self.stats.oom_kills += 1
+        self._drop_swap()
         self._cached.clear()  # memory ran out: the page cache was dropped first
         if self.current is not None:
             self.stats.failed += 1
@@ -246,7 +266,7 @@ class EngineSim:
         self.history += turn
 
     def busy(self) -> bool:
-        return self.current is not None or bool(self.queue)
+        return self.current is not None or bool(self.queue) or self._swap is not None
 
     def _start(self, request: Request, now: float) -> None:
         assert self.config is not None
@@ -298,9 +318,17 @@ class EngineSim:
         reread_s = self._evicted_bytes() / (self.spec.load_mb_s * MB)
         now = max(t, self.ready_s)
         end = t + h
-        busy = 0.0
+        busy = 0.0  # seconds of all threads' work
+        n = self._big + self._little
         while now < end - 1e-12:
-            if self.current is None:
+            sw = self._swap
+            if sw is not None and sw.due(now, self.ctx + self.prefill_left):
+                duty = busy / h * share
+                big, little = self._big * duty, self._little * duty
+                self._switch(now)  # a new config: the rest of the step runs with it
+                more = self.step(now, end - now, freq_ratio, background)
+                return big + more[0] * (end - now) / h, little + more[1] * (end - now) / h
+            if self.current is None and sw is None:
                 if self.waiting is not None:
                     self._stop()
                     break
@@ -309,8 +337,21 @@ class EngineSim:
                 if self.current is None:
                     break
             left = end - now
-            if self.prefill_left > 0:
-                computing = rate = compute * tier.prefill_thread_tok_s * self._prefill_eff
+            on = 1.0  # the answering context's share of the threads (half of them build a warm swap's context)
+            swap_rate = 0.0
+            if sw is not None:
+                on = (n - sw.threads) / n
+                if now >= sw.ready_s:
+                    swap_rate = (
+                        compute * sw.threads / n * tier.prefill_thread_tok_s * batch_efficiency(sw.target.n_batch)
+                    )
+                left = min(left, sw.until(now, swap_rate))
+                if self.current is None or sw.then is not None:  # the answer (or the next) waits for the build
+                    on = 0.0
+            if on == 0.0:
+                spent = left
+            elif self.prefill_left > 0:
+                computing = rate = compute * on * tier.prefill_thread_tok_s * self._prefill_eff
                 if reread_s:
                     rate = 1.0 / (1.0 / rate + reread_s / cfg.n_batch)
                 self.prefill_tokens_per_s = rate
@@ -319,36 +360,41 @@ class EngineSim:
                 self.prefill_left -= done
                 self.ctx += done
                 self.stats.prefill_tokens += done
-                busy += spent * rate / computing  # waiting for storage is not CPU work
-                now += spent
+                busy += spent * rate / computing * on  # waiting for storage is not CPU work
                 if self.prefill_left <= 1e-9:
                     self.prefill_left = 0.0
-                continue
-            bandwidth = self.spec.bandwidth_gb_s * 1e9 / (weights + kv_per_tok * self.ctx)
-            computing = limit = min(compute * tier.thread_tok_s, bandwidth * slowdown)
-            if reread_s:
-                limit = 1.0 / (1.0 / limit + reread_s)
-            self.uncapped_tokens_per_s = limit
-            rate = min(limit, cfg.max_tokens_per_s) if cfg.max_tokens_per_s else limit
-            spent = min(left, self.answer_left / rate)
-            done = rate * spent
-            if self.current.first_token_s is None and done > 0:
-                self.current.first_token_s = now + 1.0 / rate
-                self.stats.ttft_s.append(self.current.first_token_s - self.current.arrival_s)
-            self.answer_left -= done
-            self.ctx += done
-            self.stats.tokens += done
-            self.stats.decode_s += spent
-            self.window_tokens += done
-            self.window_decode_s += spent
-            self.stats.rate_samples.append((rate, spent))
-            busy += spent * rate / computing
+            else:
+                assert self.current is not None
+                bandwidth = self.spec.bandwidth_gb_s * 1e9 / (weights + kv_per_tok * self.ctx)
+                computing = limit = min(compute * on * tier.thread_tok_s, bandwidth * slowdown)
+                if reread_s:
+                    limit = 1.0 / (1.0 / limit + reread_s)
+                self.uncapped_tokens_per_s = limit
+                rate = min(limit, cfg.max_tokens_per_s) if cfg.max_tokens_per_s else limit
+                spent = min(left, self.answer_left / rate)
+                done = rate * spent
+                if self.current.first_token_s is None and done > 0:
+                    self.current.first_token_s = now + 1.0 / rate
+                    self.stats.ttft_s.append(self.current.first_token_s - self.current.arrival_s)
+                self.answer_left -= done
+                self.ctx += done
+                self.stats.tokens += done
+                self.stats.decode_s += spent
+                self.window_tokens += done
+                self.window_decode_s += spent
+                self.stats.rate_samples.append((rate, spent))
+                busy += spent * rate / computing * on
+                if self.answer_left <= 1e-9:
+                    self.history = self.ctx
+                    self.stats.answers += 1
+                    self.current = None
+                    self.finished.append(now + spent)
+            if swap_rate:
+                assert sw is not None
+                sw.done = min(sw.goal, sw.done + swap_rate * spent)
+                self.stats.prefill_tokens += swap_rate * spent
+                busy += spent * sw.threads / n
             now += spent
-            if self.answer_left <= 1e-9:
-                self.history = self.ctx
-                self.stats.answers += 1
-                self.current = None
-                self.finished.append(now)
         duty = busy / h * share  # a descheduled thread is not running (spinning at the barrier counts as running)
         return self._big * duty, self._little * duty
 

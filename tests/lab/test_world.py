@@ -59,13 +59,14 @@ def test_a_longer_context_slows_decode() -> None:
 
 def test_changing_the_kv_type_mid_answer_reloads_and_evaluates_the_context_again() -> None:
     engine = EngineSim(PI.engine, PI.cpu)
-    engine.apply(EngineConfig(threads=4, n_ctx=2048, model=BIG.name), 0.0)
+    engine.apply(EngineConfig(threads=1, n_ctx=2048, model=BIG.name), 0.0)
     engine.submit(Request(0.0, prompt_tokens=500, answer_tokens=300, new_conversation=True, system_tokens=0))
     t = 0.0
     while engine.stats.tokens < 50:
         engine.step(t, 0.25, 1.0)
         t += 0.25
-    engine.apply(EngineConfig(threads=4, n_ctx=2048, kv_type="q8_0", model=BIG.name), t)
+    # one thread: cold, as in the real engine (the warm swap with more threads: tests/lab/test_swap.py)
+    engine.apply(EngineConfig(threads=1, n_ctx=2048, kv_type="q8_0", model=BIG.name), t)
     engine.apply(EngineConfig(threads=2, n_ctx=2048, kv_type="q8_0", model=BIG.name), t)  # threads: live
     assert engine.stats.reloads == 2  # the first load and the KV change
     while engine.busy():
