@@ -295,6 +295,7 @@ def run(args: argparse.Namespace) -> int:
             if args.slow_callback_ms is not None:
                 loopwatch.watch(asyncio.get_running_loop(), args.slow_callback_ms / 1000)
             worker.start()
+            await asyncio.to_thread(worker.warm.wait)  # serve once the first decode ran (a crash there: a load crash)
             log.info("engine.serving", socket=str(args.socket), port=args.port, pid=os.getpid())
             yield
             # uvicorn has stopped accepting and waited up to --drain-s for running answers.

@@ -48,7 +48,10 @@ class Worker(Pausing):
         self.settings = settings
         self.extra_buffers = extra_buffers or choose("auto", Root("/"))
         self.slot = Slot(keep_alive_s, extra_buffers=self.extra_buffers.enabled)
-        self.slot.load(models[settings.model], settings, why="start", warm=True)
+        # Loaded here, so that a model that cannot be loaded is an error at start; warmed up on the worker thread
+        # (see `_loop`) before the engine serves: a crash there still happens before it answers (a load crash).
+        self.slot.load(models[settings.model], settings, why="start", warm=False)
+        self.warm = threading.Event()  # the first decode has run (on the worker thread)
         self.counters = Counters()
         self.busy = False
         self.waiting = 0  # jobs queued, not yet started
@@ -146,6 +149,12 @@ class Worker(Pausing):
 
     def _loop(self) -> None:
         try:
+            # Every llama.cpp computation of this process runs on this thread. With libgomp (llama-cpp-python's
+            # build), each thread that computes gets its own OpenMP team whose threads stay; one more team than the
+            # CPUs can hold puts libgomp in its throttled mode, where the decode threads sleep at every barrier of the
+            # graph (~120 futex waits a token, a sixth of the decode speed) instead of spinning.
+            self.model.warm_up()
+            self.warm.set()
             while True:
                 if self.paused is not None and not self._stopping:
                     self._hold(None, None)  # requests wait in the queue
