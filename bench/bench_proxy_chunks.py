@@ -23,13 +23,12 @@ import tempfile
 import textwrap
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.bench_proxy import Gate  # the supervisor side: an engine that is up
 from governor.daemon.proxy import ProxyServer
-from governor.daemon.supervisor import Availability
 
 ENGINE = textwrap.dedent(
     """
@@ -80,21 +79,6 @@ CLIENT = textwrap.dedent(
 )
 
 
-@dataclass(frozen=True)
-class Gate:
-    def availability(self) -> Availability:
-        return Availability(ready=True, given_up=False, reason="", retry_after_s=0)
-
-    def request_started(self, *, chat: bool) -> int:
-        return 1
-
-    def request_ended(self, start: int) -> None:
-        pass
-
-    def exit_of(self, start: int) -> str | None:
-        return None
-
-
 def thread_stat(tid: int) -> tuple[int, int, int]:
     """CPU ns, times put on a CPU, and of those the involuntary ones (preempted, not waiting for I/O)."""
     ns, _wait, runs = (int(x) for x in Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[:3])
@@ -122,7 +106,7 @@ def main() -> int:
     engine = subprocess.Popen(
         [sys.executable, "-c", ENGINE, str(engine_sock), str(args.chunks), str(args.interval_ms / 1000)]
     )
-    proxy = ProxyServer(public, engine_sock, Gate(), hold_s=5.0, drain_s=1)
+    proxy = ProxyServer(public, engine_sock, Gate(ready=True), hold_s=5.0, drain_s=1)
     proxy.start()
     spy = None
     try:
