@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from governor.engine.config import default_threads
 from governor.engine.events import Ended, Event, Failed, ModelChanged, Text, Trimmed
 from governor.engine.replies import Reply, dumps
 
@@ -36,8 +36,7 @@ def stream_interval_s(setting_ms: float | None, threads: int) -> float:
     runs on a core a decode thread needs — and 0 when a core is left for it."""
     if setting_ms is not None:
         return setting_ms / 1000
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return AUTO_INTERVAL_S if threads >= cpus else 0.0
+    return AUTO_INTERVAL_S if threads >= default_threads() else 0.0
 
 
 class Events:
@@ -94,7 +93,7 @@ class Events:
         while not self.gone:
             if self._items:
                 due = -math.inf if self._text_at is None else self._text_at + self._interval_s
-                if self._urgent or due <= loop.time():
+                if self._urgent or not self._eager or due <= loop.time():
                     break
                 if self._timer is None:
                     self._timer = loop.call_at(due, self._resume)
