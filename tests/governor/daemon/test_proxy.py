@@ -85,15 +85,15 @@ def proxied(
     engine.close()
 
 
-def ask(public: Path, recv_bytes: int = 65536) -> tuple[int, bytes]:
-    """POST a chat request through the proxy; the status and the (de-chunked) body the client got (read
+def ask(public: Path, recv_bytes: int = 65536, target: str = "/v1/chat/completions") -> tuple[int, bytes]:
+    """POST a chat request (or `target`) through the proxy; the status and the (de-chunked) body the client got (read
     `recv_bytes` at a time)."""
     conn = h11.Connection(h11.CLIENT)
     with socket.socket(socket.AF_UNIX) as sock:
         sock.settimeout(10)
         sock.connect(str(public))
         head = [(b"host", b"x"), (b"content-length", b"2"), (b"connection", b"close")]
-        sock.sendall(conn.send(h11.Request(method="POST", target="/v1/chat/completions", headers=head)))
+        sock.sendall(conn.send(h11.Request(method="POST", target=target, headers=head)))
         sock.sendall(conn.send(h11.Data(data=b"{}")) + conn.send(h11.EndOfMessage()))
         status, body = 0, b""
         while True:
@@ -113,6 +113,17 @@ def test_a_streamed_answer_arrives_whole_and_in_order(proxied: tuple[ScriptedEng
     events = [b'data: {"n": %d}\n\n' % i for i in range(20)] + [b"data: [DONE]\n\n"]
     engine.parts = [SSE_HEAD, *(chunk(e) for e in events), b"0\r\n\r\n"]
     assert ask(public) == (200, b"".join(events))
+
+
+@pytest.mark.parametrize("target", ["/engine/pause", "/engine/pause/"])
+def test_the_public_socket_does_not_pass_on_the_engines_pause(
+    proxied: tuple[ScriptedEngine, Path], target: str
+) -> None:
+    engine, public = proxied
+    engine.parts = [SSE_HEAD, chunk(b"data: [DONE]\n\n"), b"0\r\n\r\n"]  # what a passed-on request would get
+    status, body = ask(public, target=target)
+    assert status == 403
+    assert b"governor's own control" in body
 
 
 def test_informational_answers_are_skipped(proxied: tuple[ScriptedEngine, Path]) -> None:
