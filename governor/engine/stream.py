@@ -14,7 +14,6 @@ The first text and every other event (end, error, model change) still go out at 
 from __future__ import annotations
 
 import asyncio
-import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 
@@ -56,8 +55,7 @@ class Events:
         self._waiter: asyncio.Future[None] | None = None
         self._scheduled = False  # a wake-up is on its way to the loop
         self._urgent = False  # an event other than text is waiting
-        self._text_at: float | None = None  # loop time of the last batch with text
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None  # the stream interval runs: text waits for its end
         self.gone = False
         self.ended = False  # the worker sent the last event (Ended or Failed)
 
@@ -67,13 +65,17 @@ class Events:
             self.ended = self.ended or isinstance(event, Ended | Failed)
             self._urgent = True
         elif not self._eager or self._timer is not None:
-            return  # the loop will look when the interval is over (a stale read costs one needless wake-up at most)
+            return  # the timer looks when the interval is over (it clears `_timer` before it looks at the deque)
         if not self._scheduled:
             self._scheduled = True
             self._loop.call_soon_threadsafe(self._wake)
 
     def _wake(self) -> None:
         self._scheduled = False
+        self._resume()
+
+    def _interval_over(self) -> None:
+        self._timer = None  # first: a token the worker appends from now on wakes the loop itself
         self._resume()
 
     def _resume(self) -> None:
@@ -92,32 +94,31 @@ class Events:
         give_up = None if quiet_s is None else loop.time() + quiet_s
         while not self.gone:
             if self._items:
-                due = -math.inf if self._text_at is None else self._text_at + self._interval_s
-                if self._urgent or not self._eager or due <= loop.time():
+                if self._urgent or self._timer is None:  # no interval running (text is held only while one is)
                     break
-                if self._timer is None:
-                    self._timer = loop.call_at(due, self._resume)
             elif give_up is not None and loop.time() >= give_up:
                 return []
             self._waiter = loop.create_future()
-            quiet = None if give_up is None else loop.call_at(give_up, self._resume)
+            # While the interval runs its timer wakes the loop first: no keep-alive timer for each chunk.
+            quiet = None if give_up is None or self._timer is not None else loop.call_at(give_up, self._resume)
             try:
                 await self._waiter
             finally:
                 self._waiter = None
                 if quiet is not None:
                     quiet.cancel()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         if self.gone:
             return None
         self._urgent = False
         out = list(self._items)
         for _ in out:
             self._items.popleft()
-        if any(isinstance(ev, Text) for ev in out):
-            self._text_at = loop.time()
+        if self._eager and self._interval_s > 0 and any(isinstance(ev, Text) for ev in out):
+            # The next text may leave when the interval is over: a timer wakes the loop then, and the worker's text
+            # does not wake it meanwhile (one wake-up a chunk, not two).
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = loop.call_later(self._interval_s, self._interval_over)
         return out
 
 

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import threading
+from typing import Any
 
 from governor.engine.events import Ended, Text
 from governor.engine.replies import Reply
@@ -94,6 +95,44 @@ def test_text_after_the_interval_goes_out_no_sooner_than_the_interval() -> None:
     t_first, t_second, second = asyncio.run(main())
     assert t_second - t_first >= interval * 0.99
     assert second == ["bc"]
+
+
+def test_text_within_the_interval_does_not_wake_the_loop() -> None:
+    """One wake-up a chunk: the worker's text while the interval runs waits for the interval's own timer (each
+    cross-thread wake-up is a loop iteration taken from the decode threads' cores)."""
+
+    async def main() -> tuple[int, list[str]]:
+        loop = asyncio.get_running_loop()
+        wakes = 0
+        threadsafe = loop.call_soon_threadsafe
+
+        def counted(*args: Any) -> asyncio.Handle:
+            nonlocal wakes
+            wakes += 1
+            return threadsafe(*args)
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign,assignment]
+        events = Events(loop, eager=True, interval_s=3600.0)
+        stream = sse(events, [], Reply("m"), include_usage=False)
+        await anext(stream)
+        events(Text("a"))
+        await anext(stream)  # the first text: one wake-up, and the interval starts
+        await asyncio.sleep(0)  # the wake-up's callback runs
+
+        def produce() -> None:
+            for token in "bcd":
+                events(Text(token))
+
+        worker = threading.Thread(target=produce)
+        worker.start()
+        worker.join()
+        held = wakes
+        events(Ended("length", USAGE))
+        return held, contents(await anext(stream))
+
+    held, last = asyncio.run(main())
+    assert held == 1  # "b", "c" and "d" woke nothing
+    assert last == ["bcd"]
 
 
 def test_the_auto_interval_coalesces_only_when_the_decode_threads_take_every_cpu() -> None:
