@@ -6,7 +6,8 @@ The same model, prompt and settings (greedy, a fixed number of tokens, streamed)
 - in-process: `Llama.create_chat_completion(stream=True)` in this process;
 - ours: `governor engine --model` read through its Unix socket by the openai SDK (unchanged, httpx over the socket),
   with its default stream interval (auto: 100 ms when the threads take every CPU), and "ours/every-token" with
-  `--stream-interval-ms 0` (a chunk per token, as before the interval existed);
+  `--stream-interval-ms 0` (a chunk per token, as before the interval existed; `--alt-interval-ms N` runs that
+  side with another interval instead, "ours/N ms", to compare two intervals in the same rounds);
 - llama_cpp.server (uvicorn on a Unix socket), read by the same openai SDK client.
 Rate = (tokens - 1) ÷ (time from the first text chunk to the final chunk), as the client sees it. Each round runs
 the three sides back to back, in an order rotated every round; the ratios are medians of per-round ratios (goals:
@@ -59,7 +60,7 @@ from governor.engine import demo
 STORY: Messages = [
     {"role": "user", "content": "Write a very long story about a dragon who learns to cook. Use at least 500 words."}
 ]
-SIDES = ("in-process", "ours", "ours/every-token", "llama_cpp.server")
+SIDES = ("in-process", "ours", "ours/alt", "llama_cpp.server")
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,10 @@ def bench_decode(
         ours_args = ("--model", str(path), "--ctx", str(n_ctx), "--threads", str(threads))
         ours = stack.enter_context(served(our_engine(tmp / "ours.sock", *ours_args), tmp / "ours.sock"))
         every = stack.enter_context(
-            served(our_engine(tmp / "every.sock", *ours_args, "--stream-interval-ms", "0"), tmp / "every.sock")
+            served(
+                our_engine(tmp / "every.sock", *ours_args, "--stream-interval-ms", str(args.alt_interval_ms)),
+                tmp / "every.sock",
+            )
         )
         peer = stack.enter_context(
             served(llama_cpp_server(tmp / "peer.sock"), tmp / "peer.sock", llama_cpp_server_env(path, n_ctx, threads))
@@ -131,7 +135,7 @@ def bench_decode(
             chunks = llm.create_chat_completion(messages=messages, stream=True, **body)  # type: ignore[arg-type]
             return measure_stream(chunks, args.tokens)
 
-        pids = {"ours": ours.proc.pid, "ours/every-token": every.proc.pid, "llama_cpp.server": peer.proc.pid}
+        pids = {"ours": ours.proc.pid, "ours/alt": every.proc.pid, "llama_cpp.server": peer.proc.pid}
 
         def server_side(side: str, client: object, extra: dict[str, object]) -> Callable[[], Round]:
             return lambda: timed(sdk(client, extra), pids[side], [p for k, p in pids.items() if k != side])
@@ -139,7 +143,7 @@ def bench_decode(
         sides: dict[str, Callable[[], Round]] = {
             "in-process": lambda: timed(in_process, None, list(pids.values())),
             "ours": server_side("ours", sdk_ours, {"ignore_eos": True}),
-            "ours/every-token": server_side("ours/every-token", sdk_every, {"ignore_eos": True}),
+            "ours/alt": server_side("ours/alt", sdk_every, {"ignore_eos": True}),
             "llama_cpp.server": server_side("llama_cpp.server", sdk_peer, {}),
         }
         for side in sides.values():  # warm up: page in the weights, fill each side's prompt cache
@@ -168,6 +172,7 @@ def report(name: str, threads: int, args: argparse.Namespace, kept: list[dict[st
     if not kept:
         return
     tok = args.tokens
+    alt = "ours/every-token" if args.alt_interval_ms == 0 else f"ours/{args.alt_interval_ms:g} ms"
     for k in SIDES:
         rs = [r[k] for r in kept]
         each = sorted(r.run.decode_tps for r in rs)
@@ -177,8 +182,9 @@ def report(name: str, threads: int, args: argparse.Namespace, kept: list[dict[st
                 f"loop thread {median(r.loop_cpu_s or 0 for r in rs) / tok * 1e6:.0f} us/token, server "
                 f"{median(r.server_cpu_s or 0 for r in rs) / tok * 1e3:.2f} ms/token, " + cpu
             )
+        side = alt if k == "ours/alt" else k
         print(
-            f"  {k:<18} {median(each):7.1f} tok/s  (min {each[0]:.1f}, max {each[-1]:.1f}; chunks "
+            f"  {side:<18} {median(each):7.1f} tok/s  (min {each[0]:.1f}, max {each[-1]:.1f}; chunks "
             f"{median(r.run.chunks for r in rs):.0f}, finish {','.join(sorted({str(r.run.finish) for r in rs}))}; "
             f"foreign {max(r.foreign_cores for r in rs):.2f} cores max)\n  {'':<18} CPU: {cpu}"
         )
@@ -186,14 +192,12 @@ def report(name: str, threads: int, args: argparse.Namespace, kept: list[dict[st
     def paired(a: str, b: str, goal: str) -> None:
         """The median of per-round ratios: each round's sides ran back to back, so slow drift cancels."""
         ratios = sorted(r[a].run.decode_tps / r[b].run.decode_tps for r in kept if r[b].run.decode_tps)
-        print(
-            f"  {a + ' ÷ ' + b:<34} {median(ratios):6.3f}   (goal {goal}; rounds "
-            f"{', '.join(f'{x:.3f}' for x in ratios)})"
-        )
+        label = f"{alt if a == 'ours/alt' else a} ÷ {b}"
+        print(f"  {label:<34} {median(ratios):6.3f}   (goal {goal}; rounds {', '.join(f'{x:.3f}' for x in ratios)})")
 
     paired("ours", "in-process", ">= 0.99")
     paired("ours", "llama_cpp.server", ">= 1.05")
-    paired("ours/every-token", "in-process", "-")
+    paired("ours/alt", "in-process", "-")
     paired("llama_cpp.server", "in-process", "-")
 
 
@@ -205,6 +209,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="skip the larger random model")
     parser.add_argument(
         "--models", nargs="+", choices=["smollm2", "demo-large", "big"], help="which models (default: all there are)"
+    )
+    parser.add_argument(
+        "--alt-interval-ms", type=float, default=0, help='the second "ours" side\'s stream interval (0: every token)'
     )
     parser.add_argument(
         "--max-foreign", type=float, default=0.25, help="drop a round when the rest of the machine used more cores"
