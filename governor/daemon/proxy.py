@@ -54,7 +54,7 @@ UpstreamRequest = tuple[bytes, bytes, list[tuple[bytes, bytes]], bytes]  # metho
 
 POLL_S = 0.05  # how often a held request looks at the engine's availability
 DEATH_WAIT_S = 3.0  # after the upstream connection broke, how long to wait for the supervisor's word on why
-PRIVATE_PATHS = frozenset({"/engine/pause"})  # engine paths the public socket does not pass on
+PRIVATE_PATHS = frozenset({"/engine/pause", "/engine/config"})  # engine paths the public socket does not pass on
 MAX_BODY = 16 * 2**20  # the proxy's own bound (the engine's limits per path are lower and answer for themselves)
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
@@ -118,8 +118,8 @@ class ProxyApp:
         if body is None:
             return  # the client left before it finished sending
         if scope["path"].rstrip("/") in PRIVATE_PATHS:
-            # The engine's memory pause is the daemon's to set and lift: a client on the public socket (any member of
-            # its group) could otherwise keep the engine unloaded with one request.
+            # The engine's settings and its memory pause are the daemon's to set: a client on the public socket (any
+            # member of its group) could otherwise keep the engine unloaded, or reloading, with a request a second.
             await send_error(
                 send, 403, f"{scope['path']} is the governor's own control; not on this socket", "forbidden"
             )

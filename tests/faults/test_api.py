@@ -1,5 +1,6 @@
-"""Malformed requests to the engine's API (through the victim daemon's engine socket): each gets a clean 4xx in the
-OpenAI error shape, nothing is loaded into memory that should not be, and the engine keeps serving."""
+"""Malformed requests to the engine's API (through the victim daemon's engine socket; `/engine/config`, which the
+public socket refuses, on the engine child's private one): each gets a clean 4xx in the OpenAI error shape, nothing is
+loaded into memory that should not be, and the engine keeps serving."""
 
 from __future__ import annotations
 
@@ -122,11 +123,21 @@ CASES: list[tuple[str, str, str, str | bytes, int]] = [
 ]
 
 
+def client(sock: Path) -> httpx.Client:
+    return httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://engine", timeout=30.0)
+
+
 @pytest.fixture(scope="module")
 def http(victim: DaemonProc) -> Iterator[httpx.Client]:
-    transport = httpx.HTTPTransport(uds=str(victim.engine_socket))
-    with httpx.Client(transport=transport, base_url="http://engine", timeout=30.0) as client:
-        yield client
+    with client(victim.engine_socket) as public:
+        yield public
+
+
+@pytest.fixture(scope="module")
+def private(victim: DaemonProc) -> Iterator[httpx.Client]:
+    """The engine child's own socket (0600, the daemon's user): where `/engine/config` is answered."""
+    with client(victim.engine_socket.with_name("e-child.sock")) as engine:
+        yield engine
 
 
 def check_alive(victim: DaemonProc) -> None:
@@ -136,14 +147,30 @@ def check_alive(victim: DaemonProc) -> None:
 
 @pytest.mark.parametrize("case", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_malformed_request_gets_a_clean_4xx(
-    http: httpx.Client, victim: DaemonProc, case: tuple[str, str, str | bytes, int]
+    http: httpx.Client, private: httpx.Client, victim: DaemonProc, case: tuple[str, str, str | bytes, int]
 ) -> None:
     method, path, body, expected = case
-    answer = http.request(method, path, content=body, headers={"content-type": "application/json"})
+    on = private if path == CONFIG else http
+    answer = on.request(method, path, content=body, headers={"content-type": "application/json"})
     assert answer.status_code == expected, answer.text[:300]
     message = answer.json()["error"]["message"]
     assert message
     assert "\n" not in message
+    check_alive(victim)
+
+
+def test_the_public_socket_refuses_engine_settings(http: httpx.Client, victim: DaemonProc) -> None:
+    """A member of the public socket's group must not reconfigure (reload) the engine: 403, and nothing changed."""
+
+    def settings() -> tuple[object, ...]:
+        status = victim.engine.status()
+        return status.n_ctx, status.threads, (status.model_extra or {})["loads_total"]
+
+    before = settings()
+    answer = http.post(CONFIG, json={"n_ctx": 512, "threads": 1})
+    assert answer.status_code == 403, answer.text[:300]
+    assert "governor's own control" in answer.json()["error"]["message"]
+    assert settings() == before
     check_alive(victim)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from governor.daemon.control import MAX_CONNECTIONS, READ_TIMEOUT_S, ControlError, ControlServer
+from governor.engine.client import EngineClient
 from tests.faults.conftest import FAULT_POLICY
 from tests.governor.daemon.daemon_proc import DaemonProc
 from tests.helpers import eventually
@@ -132,9 +133,11 @@ def test_the_client_skips_a_hostile_directory(tmp_path: Path, capsys: pytest.Cap
 
 
 def test_engine_config_drift_is_corrected(victim: DaemonProc) -> None:
-    """Someone posts straight to the engine: the daemon notices at its next probe and applies its own config again."""
+    """Someone posts straight to the engine's own socket (the daemon's user: the public one refuses it): the daemon
+    notices at its next probe and applies its own config again."""
     wanted = victim.status()["config"]["threads"]
-    victim.engine.configure(threads=1 if wanted != 1 else 2)
+    with EngineClient(victim.engine_socket.with_name("e-child.sock")) as engine:
+        engine.configure(threads=1 if wanted != 1 else 2)
     eventually(lambda: victim.engine_threads() == wanted, timeout_s=20)
     assert any(e.get("event", "").startswith("engine config drifted") for e in victim.events())
 

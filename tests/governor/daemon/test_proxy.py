@@ -115,8 +115,8 @@ def test_a_streamed_answer_arrives_whole_and_in_order(proxied: tuple[ScriptedEng
     assert ask(public) == (200, b"".join(events))
 
 
-@pytest.mark.parametrize("target", ["/engine/pause", "/engine/pause/"])
-def test_the_public_socket_does_not_pass_on_the_engines_pause(
+@pytest.mark.parametrize("target", ["/engine/pause", "/engine/pause/", "/engine/config"])
+def test_the_public_socket_does_not_pass_on_the_engines_controls(
     proxied: tuple[ScriptedEngine, Path], target: str
 ) -> None:
     engine, public = proxied
