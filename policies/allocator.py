@@ -262,6 +262,8 @@ class PowerAllocator:
         self.freq: float | None = None  # the clock cap in force (None: none)
         self._freq_t = -math.inf
         self._rate: float | None = None  # the rate cap last allocated
+        self._guard_c = policy.power.guard_margin_c
+        self._last_temp: float | None = None  # the binding zone's reading at the last tick in hot (the guard's)
 
     @property
     def enabled(self) -> bool:
@@ -275,6 +277,23 @@ class PowerAllocator:
         """The share of full dynamic power the configuration in force uses: the PI's bumpless start."""
         full = self.model.load(self.full_threads(cpus), 1.0)
         return min(1.0, self.model.load(threads, self.freq or 1.0) / full)
+
+    def guard(self, u: float, temp_c: float | None, trip_c: float, threads: int | None, cpus: int | None) -> float:
+        """The trip guard: within `guard_margin_c` of the trip and still rising, the budget is at most the power of
+        one clock step under the one in force (at the threads in force), as the kernel's step_wise takes a step per
+        poll above the trip, but before it. The PI's gains are set for the setpoint's slow drift (k_po ~0.1 per °C):
+        a step in load (a prompt, a build ending) at a setpoint 0.5 °C under the trip heats the die past it in a few
+        seconds before the PI has cut a clock step. Returns the budget to allocate (u, or the lower level)."""
+        last, self._last_temp = self._last_temp, temp_c
+        if self.ratios is None or temp_c is None or last is None or threads is None:
+            return u
+        if temp_c < trip_c - self._guard_c or temp_c <= last:
+            return u
+        below = [r for r in self.ratios if r < (self.freq or 1.0) - 1e-9]
+        if not below:
+            return u
+        full = self.model.load(self.full_threads(cpus), 1.0)
+        return min(u, self.model.load(threads, below[-1]) / full)
 
     def allocate(self, u: float, cpus: int | None, *, prefill: bool = False) -> Choice:
         """`prefill`: the engine is busy with no tokens coming (a prompt): compute-bound, the clock is worth all of
@@ -345,6 +364,8 @@ class PowerAllocator:
     def freq_now(self, t: float, recover_step_s: float) -> float | None:
         """The clock cap: the allocator's in hot and critical; coming back it rises a tenth of the top clock per
         recover step (thermald un-throttles one step at a time), as threads come back one at a time."""
+        if self.choice is None:
+            self._last_temp = None  # the guard compares readings in hot only
         if self.choice is not None:
             self._freq_t = t
             self.freq = None if self.choice.freq_ratio >= 1.0 else self.choice.freq_ratio

@@ -291,6 +291,11 @@ class StateMachine:
             if not self.power.enabled:
                 active.append(self._hot_at(u))
             else:  # a power budget, allocated to clock x threads x rate
+                guarded = self.power.guard(u, view.temp_c, view.trip_c, prev.threads if prev else None, self._cpus)
+                if guarded < u and self._pi is not None and view.temp_c is not None:
+                    # Back-calculation: the PI goes on from the budget in force, not from the one the guard overrode.
+                    self._pi.start(view.setpoint_c, view.temp_c, guarded, t)
+                    self._pi_u = u = guarded
                 choice = self.power.allocate(u, self._cpus, prefill=self._prefill)
                 active.append(self._limits[State.HOT]._replace(threads=choice.threads, rate=choice.rate))
         else:

@@ -207,6 +207,9 @@ class Power(StrictModel):
     # While the kernel holds a throttling step of its own, the setpoint drops to trip - this: a passive trip's
     # hysteresis (3 °C on a Pi, thermal_zone*/trip_point_*_hyst) keeps the step until the zone falls that far under.
     throttled_margin_c: float = Field(default=3.5, ge=0, le=60)
+    # The trip guard: this close to the trip and still rising, the clock drops a step per tick whatever the PI says
+    # (a load step outruns the PI's gentle gains; the kernel would step only at the trip). 0: only at the trip.
+    guard_margin_c: float = Field(default=0.25, ge=0, le=60)
     idle_w: float = Field(default=2.0, ge=0, le=1000)  # prior: the device's power with the engine idle
     core_w: float = Field(default=1.5, gt=0, le=1000)  # prior: one busy core at the top clock
     freq_exponent: float = Field(default=2.5, ge=1, le=4)  # prior: a core's power ∝ f^k (f·V², V rising with f)

@@ -169,8 +169,9 @@ class World:
         engine.finished.clear()
         p, cores = self.device.power, self.device.cpu.cores
         self.busy_cores = big + little
-        # Others get what they want unless the engine's threads compete for the cores: then a fair share each.
-        self.other_cores = min(background, cores) * (engine.share(background) if running else 1.0)
+        # Others get what they want unless the engine's threads compete for the cores: then every runnable task gets
+        # the same share of a core (8 build tasks beside 4 engine threads on 4 cores: 8 x 4/12 cores, not 4 x 4/12).
+        self.other_cores = min(cores, background * (engine.share(background) if running else 1.0))
         threads = engine.config.threads if running and engine.config is not None else 0
         self.cpu_psi = 100.0 * min(1.0, max(0.0, min(threads, cores) + background - cores) / cores)
         dynamic = p.thread_w * (big + self.other_cores) + self.device.cpu.little_thread_w * little

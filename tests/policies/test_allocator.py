@@ -7,6 +7,7 @@ import random
 from policies import StateMachine
 from policies.allocator import Choice, DeviceModel, PowerAllocator, allocate
 from policies.decision import State
+from policies.loader import load_policy
 from policies.schema import Power
 from sensors.snapshot import Cpu, EngineObservation
 from tests.policies.builders import run, snap
@@ -192,3 +193,36 @@ def test_decoding_at_the_ceiling_tries_lower_clocks_down_to_the_crossover() -> N
     assert 0.7 in seen  # tried once: slower (3.9 tok/s) ...
     assert seen[-20:] == [0.8] * 20  # ... so it stays at the crossover: 4.48 tok/s of compute for the 4.2 ceiling
     assert power.allocate(0.95, 4, prefill=True).freq_ratio == 0.9  # a prompt is compute-bound: the budget's clock
+
+
+def guarded(margin_c: float) -> StateMachine:
+    policy = load_policy("default")
+    power = policy.power.model_copy(update={"guard_margin_c": margin_c})
+    return StateMachine(policy.model_copy(update={"power": power}), freq_ratios=RATIOS)
+
+
+def test_near_the_trip_and_rising_the_clock_drops_a_step_per_tick_before_the_pi_would() -> None:
+    """The shipped gains are gentle (k_po ~0.1 per °C): a load step at the setpoint, 0.5 °C under the trip, heats the
+    die past the trip before the PI cuts a clock step (the pi4 board at a build's end: 79.5 -> 80.0 °C in 7 s, then
+    the kernel's step). The guard takes a step per rising tick within 0.25 °C of the trip; once it acts, the PI goes
+    on from the budget in force (back-calculation), so the clock does not bounce back as the die cools."""
+    temps = [76.0] * 3 + [79.0] * 12 + [79.6, 79.7, 79.8, 79.9, 79.95, 79.9, 79.8, 79.7, 79.6]
+    prompt = EngineObservation(busy=True)  # compute-bound: no ceiling exploration in the way
+    clocks = {}
+    for margin in (0.25, 0.0):
+        gov = guarded(margin)
+        decisions = run(gov, [snap(x, trips=[("passive", 80.0)]) for x in temps], dt=0.5, engine=prompt)
+        assert all(d.state == State.HOT for d in decisions[14:])
+        clocks[margin] = [d.freq_ratio for d in decisions[15:]]
+    assert clocks[0.0] == [0.9] * 9  # the PI alone: 0.93-0.96 all the way to 79.95 °C, the 0.9 step's budget
+    assert clocks[0.25] == [0.9, 0.9, 0.8, 0.7, 0.6, 0.6, 0.6, 0.6, 0.6]  # from 79.8 °C (>= 79.75), while rising
+
+
+def test_the_guard_acts_only_within_its_margin_of_the_trip_and_while_rising() -> None:
+    power = PowerAllocator(make_policy(states={"hot": {"threads": 4, "min_threads": 1}}), RATIOS, None)
+    assert power.guard(1.0, 79.5, 80.0, 4, 4) == 1.0  # no earlier reading: nothing to compare
+    assert power.guard(1.0, 79.7, 80.0, 4, 4) == 1.0  # rising, but 0.3 °C under the trip
+    assert power.guard(1.0, 79.8, 80.0, 4, 4) == 0.9**2.5  # rising within 0.25 °C: the clock step under 1.0
+    assert power.guard(1.0, 79.8, 80.0, 4, 4) == 1.0  # level: the PI's own
+    assert power.guard(0.5, 79.9, 80.0, 4, 4) == 0.5  # the PI already asks for less: kept
+    assert power.guard(1.0, 80.5, 80.0, 2, 4) == 2 * 0.9**2.5 / 4  # at the threads in force
