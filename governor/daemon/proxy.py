@@ -34,6 +34,7 @@ import uvicorn
 from govbase.errors import GovernorError
 from governor import unixsock
 from governor.daemon import upstream as routed
+from governor.daemon.connguard import Guard
 from governor.daemon.proxylink import (
     LOCAL,
     Broken,
@@ -398,8 +399,10 @@ class ProxyServer:
         self._sock.listen(128)  # connections wait in the backlog until uvicorn runs: never refused once it exists
         self._inode = os.stat(path).st_ino
         self.app = ProxyApp(upstream, gate, hold_s=hold_s, router=router)
+        self.guard = Guard()
         config = uvicorn.Config(
             self.app,
+            http=self.guard.protocol(),  # connections capped, per user too, and a silent one closed (connguard.py)
             log_config=None,
             log_level="warning",
             access_log=False,

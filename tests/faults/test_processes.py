@@ -225,3 +225,42 @@ def test_a_file_at_the_engine_socket_is_one_clear_line(tmp_path: Path, demo_ladd
     finally:
         d.stop()
         shutil.rmtree(sockets, ignore_errors=True)
+
+
+def test_another_users_flood_of_the_engine_socket_leaves_chats_served(victim: DaemonProc) -> None:
+    """The public engine socket (0660 and its group's, when `group` is set): a member opening connections and sending
+    nothing gets a quarter of the cap; the daemon's descriptors stay bounded, root's chat and status are answered
+    during the flood, and a connection that says nothing is closed after the read timeout."""
+    import subprocess
+    import sys
+
+    public = victim.engine_socket
+    sock_dir = public.parent
+    dir_mode, sock_mode = os.stat(sock_dir).st_mode & 0o7777, os.stat(public).st_mode & 0o7777
+    os.chmod(sock_dir, 0o711)
+    os.chmod(public, 0o666)
+    try:
+        flooder = subprocess.Popen(
+            [sys.executable, "-c", FLOODER, str(public), "1000"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert flooder.stdout is not None
+            assert int(flooder.stdout.readline()) > 0
+            fds = len(os.listdir(f"/proc/{victim.proc.pid}/fd"))
+            assert fds < 400  # 1,000 connections, not 1,000 descriptors
+            model = victim.status()["config"]["model"]
+            answer = victim.engine.chat([{"role": "user", "content": "hi"}], model=model, max_tokens=4)
+            assert answer["choices"][0]["message"]["content"] is not None  # root is served during the flood
+            assert victim.status()["state"]
+        finally:
+            flooder.communicate("", timeout=30)
+    finally:
+        os.chmod(public, sock_mode)
+        os.chmod(sock_dir, dir_mode)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
+        silent.connect(str(public))
+        silent.settimeout(READ_TIMEOUT_S + 10)
+        assert silent.recv(100) == b""  # closed by the daemon, not left open for good

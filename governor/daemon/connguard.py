@@ -1,0 +1,109 @@
+"""Bounds on the public engine socket's connections: another local user must not exhaust the daemon's descriptors.
+
+The socket is 0660 and its group's when `group` is set, so any member of the group can connect. uvicorn itself
+keeps a connection that never sends a request forever, and has no cap: a member opening connections and sending
+nothing would take one of the daemon's file descriptors each (two while a request is proxied), until the daemon can
+open no sysfs file, no control connection and no engine pipe. So, as the control socket does (control.py):
+
+- at most `max_connections` at once, from the descriptors the daemon may open (half of what its limit leaves after
+  a reserve, at most 256); a peer uid other than root and the daemon's own gets a quarter of them at most;
+- a connection over either cap gets `503` with `Retry-After` and is closed;
+- a connection must complete its request head within `READ_TIMEOUT_S` (as on the control socket), and uvicorn
+  closes one idle between requests after its keep-alive timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+from collections import Counter
+from typing import Any
+
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+from governor.daemon.control import READ_TIMEOUT_S, peer_credentials
+from governor.daemon.proxylink import error_body
+
+MAX_CONNECTIONS = 256
+FD_RESERVE = 256  # descriptors kept for sysfs reads, the control socket, the engine child and the log
+
+
+def max_connections() -> int:
+    """The cap for this process: each proxied request holds two descriptors (the client's, the engine's)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS
+    return max(8, min(MAX_CONNECTIONS, (soft - FD_RESERVE) // 2))
+
+
+def _busy(message: str) -> bytes:
+    body = error_body(message, "too_many_connections")
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nretry-after: 1\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+class Guard:
+    """The connections open now, by peer uid (shared by every connection of one server)."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = max_connections() if limit is None else limit
+        self.per_user = max(1, self.limit // 4)
+        self.by_uid: Counter[int] = Counter()
+        self.refused = 0
+
+    def admit(self, uid: int) -> str | None:
+        """None, and the connection counted, or why it is refused."""
+        total = sum(self.by_uid.values())
+        if total >= self.limit:
+            return f"too many connections to the engine socket ({self.limit}); try again later"
+        if uid not in (0, os.geteuid()) and self.by_uid[uid] >= self.per_user:
+            return f"too many connections from uid {uid} ({self.per_user}); try again later"
+        self.by_uid[uid] += 1
+        return None
+
+    def release(self, uid: int) -> None:
+        self.by_uid[uid] -= 1
+        if self.by_uid[uid] <= 0:
+            del self.by_uid[uid]
+
+    def protocol(self) -> type[asyncio.Protocol]:
+        """uvicorn's HTTP protocol (httptools or h11), its connections counted and bounded by this guard."""
+        guard = self
+
+        class Guarded(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
+            _uid: int | None = None
+            _head_timer: asyncio.TimerHandle | None = None
+
+            def connection_made(self, transport: Any) -> None:
+                super().connection_made(transport)
+                sock = transport.get_extra_info("socket")
+                cred = None if sock is None else peer_credentials(sock)
+                uid = -1 if cred is None else cred[1]
+                refused = guard.admit(uid)
+                if refused is not None:
+                    guard.refused += 1
+                    transport.write(_busy(refused))
+                    transport.close()
+                    return
+                self._uid = uid
+                self._head_timer = self.loop.call_later(READ_TIMEOUT_S, self._silent)
+
+            def _silent(self) -> None:
+                self._head_timer = None
+                if self.cycle is None:  # no request head yet: a connection that says nothing is closed
+                    self.transport.close()
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                if self._head_timer is not None:
+                    self._head_timer.cancel()
+                    self._head_timer = None
+                if self._uid is not None:
+                    guard.release(self._uid)
+                    self._uid = None
+                super().connection_lost(exc)
+
+        return Guarded
