@@ -9,7 +9,10 @@ import resource
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -180,34 +183,36 @@ sys.stdin.read()  # hold them until told to stop
 """
 
 
-def test_another_users_flood_leaves_root_served(victim: DaemonProc) -> None:
-    """The issue's exhaustion path: a non-root user with access to the socket opens connections and sends nothing.
-    It gets at most the cap; root's `governor status` still answers, and the daemon's descriptors stay bounded."""
-    import subprocess
-    import sys
-
-    sock_dir = victim.control.parent
-    dir_mode, sock_mode = os.stat(sock_dir).st_mode & 0o7777, os.stat(victim.control).st_mode & 0o7777
+@contextlib.contextmanager
+def flooded(victim: DaemonProc, path: Path, n: int = 1000) -> Iterator[None]:
+    """Another user (uid 65534, let onto `path` as a group member would be) holds `n` connections to it that send
+    nothing; asserted meanwhile: the daemon's descriptors stay bounded."""
+    sock_dir = path.parent
+    dir_mode, sock_mode = os.stat(sock_dir).st_mode & 0o7777, os.stat(path).st_mode & 0o7777
     os.chmod(sock_dir, 0o711)
-    os.chmod(victim.control, 0o666)
+    os.chmod(path, 0o666)
     try:
         flooder = subprocess.Popen(
-            [sys.executable, "-c", FLOODER, str(victim.control), "1000"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
+            [sys.executable, "-c", FLOODER, str(path), str(n)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
         try:
             assert flooder.stdout is not None
             assert int(flooder.stdout.readline()) > 0
             fds = len(os.listdir(f"/proc/{victim.proc.pid}/fd"))
             assert fds < 400  # the daemon's limit is 1024 by default: far from it
-            assert victim.status()["state"]  # root is served at once, during the flood
+            yield
         finally:
             flooder.communicate("", timeout=30)
     finally:
-        os.chmod(victim.control, sock_mode)
+        os.chmod(path, sock_mode)
         os.chmod(sock_dir, dir_mode)
+
+
+def test_another_users_flood_leaves_root_served(victim: DaemonProc) -> None:
+    """The issue's exhaustion path: a non-root user with access to the socket opens connections and sends nothing.
+    It gets at most the cap; root's `governor status` still answers, and the daemon's descriptors stay bounded."""
+    with flooded(victim, victim.control):
+        assert victim.status()["state"]  # root is served at once, during the flood
 
 
 def test_a_file_at_the_engine_socket_is_one_clear_line(tmp_path: Path, demo_ladder: Path) -> None:
@@ -231,36 +236,12 @@ def test_another_users_flood_of_the_engine_socket_leaves_chats_served(victim: Da
     """The public engine socket (0660 and its group's, when `group` is set): a member opening connections and sending
     nothing gets a quarter of the cap; the daemon's descriptors stay bounded, root's chat and status are answered
     during the flood, and a connection that says nothing is closed after the read timeout."""
-    import subprocess
-    import sys
-
-    public = victim.engine_socket
-    sock_dir = public.parent
-    dir_mode, sock_mode = os.stat(sock_dir).st_mode & 0o7777, os.stat(public).st_mode & 0o7777
-    os.chmod(sock_dir, 0o711)
-    os.chmod(public, 0o666)
-    try:
-        flooder = subprocess.Popen(
-            [sys.executable, "-c", FLOODER, str(public), "1000"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert flooder.stdout is not None
-            assert int(flooder.stdout.readline()) > 0
-            fds = len(os.listdir(f"/proc/{victim.proc.pid}/fd"))
-            assert fds < 400  # 1,000 connections, not 1,000 descriptors
-            model = victim.status()["config"]["model"]
-            answer = victim.engine.chat([{"role": "user", "content": "hi"}], model=model, max_tokens=4)
-            assert answer["choices"][0]["message"]["content"] is not None  # root is served during the flood
-            assert victim.status()["state"]
-        finally:
-            flooder.communicate("", timeout=30)
-    finally:
-        os.chmod(public, sock_mode)
-        os.chmod(sock_dir, dir_mode)
+    with flooded(victim, victim.engine_socket):
+        model = victim.status()["config"]["model"]
+        answer = victim.engine.chat([{"role": "user", "content": "hi"}], model=model, max_tokens=4)
+        assert answer["choices"][0]["message"]["content"] is not None  # root is served during the flood
+        assert victim.status()["state"]
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
-        silent.connect(str(public))
+        silent.connect(str(victim.engine_socket))
         silent.settimeout(READ_TIMEOUT_S + 10)
         assert silent.recv(100) == b""  # closed by the daemon, not left open for good
