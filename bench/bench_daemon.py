@@ -34,8 +34,9 @@ from governor import logs
 from governor.clock import RealClock
 from governor.daemon.client import ControlClient
 from governor.daemon.metrics import DaemonMetrics
+from governor.daemon.restarts import RestartPolicy
 from governor.daemon.state import DaemonState
-from governor.daemon.supervisor import EngineSupervisor, RestartPolicy, SupervisedDecider
+from governor.daemon.supervisor import EngineSupervisor, SupervisedDecider
 from governor.daemon.watch import EngineWatch
 from governor.engine.client import EngineClient
 from governor.engine.demo import RANDOM_DIR, write_demo_models

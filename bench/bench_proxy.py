@@ -28,8 +28,8 @@ from typing import Any
 from bench.engine_common import SAMPLING, measure_stream, our_engine, served
 from governor.daemon.config import Upstream
 from governor.daemon.proxy import ProxyServer
+from governor.daemon.restarts import Availability
 from governor.daemon.routing import Router, UpstreamLink
-from governor.daemon.supervisor import Availability
 from governor.engine import demo
 from governor.engine.client import EngineClient
 from policies.ladder import load_ladder

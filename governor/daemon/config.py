@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from govbase.errors import GovernorError
-from governor.daemon.supervisor import RestartPolicy
+from governor.daemon.restarts import RestartPolicy
 from policies.loader import (  # the policy files' reader and line finder: tomllib keeps no positions
     UnreadableText,
     locate,

@@ -47,8 +47,8 @@ from governor.daemon.proxylink import (
     forwarded,
     send_error,
 )
+from governor.daemon.restarts import Availability
 from governor.daemon.routing import ChatInfo, Route, Router, chat_info
-from governor.daemon.supervisor import Availability
 
 Scope = MutableMapping[str, Any]
 UpstreamRequest = tuple[bytes, bytes, list[tuple[bytes, bytes]], bytes]  # method, target, headers, body

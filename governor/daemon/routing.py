@@ -23,7 +23,7 @@ import structlog
 from govbase.errors import GovernorError
 from governor.daemon.config import Upstream
 from governor.daemon.proxylink import CLASS_HEADER, LOCAL_ONLY_HEADER
-from governor.daemon.supervisor import Availability
+from governor.daemon.restarts import Availability
 from policies.decision import Decision
 from policies.schema import Policy
 from policies.slo import Measured, Prediction, RouteGate, predict

@@ -13,109 +13,33 @@ decision and its reason are what the engine runs. The policy itself stays pure a
 
 from __future__ import annotations
 
-import math
 import os
 import select
 import signal
 import subprocess
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field
 
 from govbase.errors import GovernorError
 from governor.clock import Clock
-from governor.daemon.crashes import (
-    Crash,
-    Phase,
-    StderrTail,
-    exit_name,
-    explain,
-    is_crash,
-    memory_kill_evidence,
-    phase_of,
-    read_kernel_log,
+from governor.daemon.crashes import Crash, Phase, StderrTail, memory_kill_evidence, phase_of, read_kernel_log
+from governor.daemon.restarts import (
+    Availability,
+    Exit,
+    RestartPolicy,
+    SupervisionStatus,
+    availability,
+    record_exit,
 )
 from governor.loop import Decider
 from policies.decision import Decision, EngineConfig, Hold
 from policies.ladder import ModelLadder
 from sensors.snapshot import EngineObservation, Snapshot
 
-MIN_CTX = 256
 HELD = "held"  # _watch: the engine was stopped because nothing fits in memory (not a death)
 LOAD_GUESS_S = 5.0  # until an engine has come up once, how long a start is expected to take (for Retry-After)
-
-
-class RestartPolicy(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
-
-    initial_s: float = Field(default=1.0, gt=0, le=3600)
-    factor: float = Field(default=2.0, ge=1, le=10)
-    max_s: float = Field(default=60.0, gt=0, le=86400)
-    max_failures: int = Field(default=5, ge=1, le=1000)  # consecutive quick deaths before giving up (critical)
-    stable_s: float = Field(default=60.0, gt=0, le=86400)  # an engine that lived this long resets the failure count
-    oom_psi_some_avg10: float = Field(default=10.0, ge=0, le=100)  # PSI at a SIGKILL that counts as a memory kill
-    ready_timeout_s: float = Field(default=120.0, gt=0, le=3600)
-    # A hung engine (stopped, deadlocked) is as dead as a crashed one: probed every probe_interval_s while it runs,
-    # killed and restarted after hang_s without an answer. The engine writes a heartbeat line that often, and each
-    # line wakes both processes: 5 s rather than 2 s is what keeps an idle daemon + engine under 0.05 s/min (issue 16).
-    probe_interval_s: float = Field(default=5.0, gt=0, le=600)
-    probe_timeout_s: float = Field(default=2.0, gt=0, le=600)
-    hang_s: float = Field(default=10.0, gt=0, le=3600)
-
-    def delay_s(self, failures: int) -> float:
-        return float(min(self.max_s, self.initial_s * self.factor ** max(0, failures - 1)))
-
-
-class Cap(BaseModel):
-    """The largest engine the supervisor allows after a memory kill."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    model: str
-    n_ctx: int
-    reason: str
-
-
-@dataclass
-class SupervisionStatus:
-    running: bool = False
-    ready: bool = False
-    pid: int | None = None
-    starts: int = 0
-    failures: int = 0
-    last_exit: str | None = None
-    critical: str | None = None
-    cap: Cap | None = None
-    history: list[str] = field(default_factory=list)
-    crashes: str | None = None  # the crash story so far (explain()), until a reload or a stable run
-    tried: list[str] = field(default_factory=list)  # safer settings taken after crashes, in order
-    extra_buffers: str | None = None  # "off" once a crash asked for it; None: the engine's own choice
-    retry_at: float | None = None  # clock time of the next start while backing off
-    stderr: str | None = None  # the last engine's last stderr line
-    waiting: str | None = None  # "no tier fits in N MiB; waiting for memory": no engine until memory comes back
-
-
-@dataclass(frozen=True)
-class Availability:
-    """What the public chat socket tells a client now: serve, wait, or 503 with this reason."""
-
-    ready: bool
-    given_up: bool  # given up, or the daemon is stopping: no point holding the request
-    reason: str
-    retry_after_s: int
-
-
-def step_down(ladder: ModelLadder, config: EngineConfig) -> tuple[str, int] | None:
-    """One step smaller: the next tier down, else half the context; None when nothing is smaller."""
-    smaller = ladder.smaller(config.model)
-    if smaller is not None:
-        return smaller.name, min(config.n_ctx, smaller.n_ctx)
-    if config.n_ctx // 2 >= MIN_CTX:
-        return config.model, config.n_ctx // 2
-    return None
 
 
 def _wait(proc: subprocess.Popen[bytes], timeout_s: float) -> int:
@@ -365,8 +289,6 @@ class EngineSupervisor:
         stderr: str | None,
     ) -> None:
         """`returncode` None: it could not even start (`how` says why); `how` also says "hung ..., killed"."""
-        if how is None and returncode is not None:
-            how = f"killed by {exit_name(returncode)}" if returncode < 0 else f"exited with status {returncode}"
         evidence = (
             None
             if returncode is None
@@ -374,48 +296,14 @@ class EngineSupervisor:
                 returncode, pid, self._latest_snapshot(), self.restart.oom_psi_some_avg10, self._kernel_log
             )
         )
-        quick = lived_s < self.restart.stable_s
+        ended = Exit(returncode, lived_s, config, how, phase, stderr, evidence)
         with self._lock:
-            st = self.status
-            st.failures = st.failures + 1 if quick else 1
-            give_up = st.failures >= self.restart.max_failures
-            st.stderr = stderr
-            st.last_exit = f"engine {how} after {lived_s:.1f} s"
-            if phase is not Phase.IDLE:
-                st.last_exit += f", {phase}"
-            if evidence is not None:
-                smaller = step_down(self.ladder, config)
-                if smaller is not None:
-                    st.cap = Cap(
-                        model=smaller[0], n_ctx=smaller[1], reason=f"{evidence}: {config.model}/{config.n_ctx}"
-                    )
-                    st.last_exit += f"; {evidence}; restarting one step smaller ({smaller[0]}, n_ctx {smaller[1]})"
-            elif returncode is not None and is_crash(returncode):
-                if not quick:
-                    self._crashes = []  # after a stable run, a crash starts a new story
-                self._crashes.append(
-                    Crash(t=self.clock.now(), how=exit_name(returncode), phase=phase, tier=config.model)
-                )
-                if phase in (Phase.LOAD, Phase.FIRST_DECODE) and not give_up:
-                    safer = self._safer(config)
-                    if safer is not None:
-                        st.tried.append(safer)
-                        st.last_exit += f"; restarting with {safer}"
-                st.crashes = explain(self._crashes, st.tried, stderr)
-            self._exits[st.starts] = st.last_exit
-            self._exits.pop(st.starts - 10, None)
-            st.history = [*st.history[-9:], st.last_exit]
-            if give_up:
+            delay = record_exit(self.status, self._crashes, ended, self.restart, self.ladder, now=self.clock.now())
+            if delay is None:
                 self._retry.clear()  # before `critical` is visible: a reset from now on is a retry
-                if self._crashes and st.crashes is not None:
-                    st.critical = st.crashes
-                else:
-                    st.critical = f"engine failed {st.failures} times in a row, last: {st.last_exit}"
-                    if stderr:
-                        st.critical += f"; last engine stderr: {stderr}"
-            delay = self.restart.delay_s(st.failures)
-            st.retry_at = None if give_up else self.clock.now() + delay
-        if give_up:
+            self._exits[self.status.starts] = self.status.last_exit or ""
+            self._exits.pop(self.status.starts - 10, None)
+        if delay is None:
             self._log.error("engine given up", reason=self.status.critical)
             self._on_change()
             while not self._stop.is_set() and not self._retry.wait(1.0):
@@ -427,46 +315,11 @@ class EngineSupervisor:
         self._on_change()
         self._stop.wait(delay)
 
-    def _safer(self, config: EngineConfig) -> str | None:
-        """The next safer setting after a crash at load or first decode (lock held): extra buffers off, then one
-        step down the ladder (tier, else context). None when nothing safer is left."""
-        st = self.status
-        if st.extra_buffers != "off":
-            st.extra_buffers = "off"
-            return "extra buffers off"
-        smaller = step_down(self.ladder, config)
-        if smaller is None:
-            return None
-        model, n_ctx = smaller
-        st.cap = Cap(model=model, n_ctx=n_ctx, reason=f"engine crashes on {config.model}/{config.n_ctx}")
-        return f"tier {model}" if model != config.model else f"n_ctx {n_ctx}"
-
     # -- for the public chat socket (governor.daemon.proxy) ---------------------------------------------------------
     def availability(self) -> Availability:
+        now, stopping = self.clock.now(), self._stop.is_set()
         with self._lock:
-            st = self.status
-            if self._stop.is_set():
-                return Availability(False, True, "the governor is stopping", 5)
-            if st.critical is not None:
-                reason = f"the engine was given up (governor reload tries again): {st.critical}"
-                return Availability(False, True, reason, math.ceil(self.restart.max_s))
-            if st.waiting is not None:  # held: new requests wait (hold_s); an answer in flight is paused
-                how = "paused" if st.running else "stopped"
-                return Availability(False, False, f"the engine is {how}: {st.waiting}", math.ceil(self.restart.max_s))
-            if st.ready:
-                return Availability(True, False, "", 0)
-            wait_s = self._load_s
-            if st.running:
-                reason = "the engine is loading" + (f" (restarted after: {st.last_exit})" if st.last_exit else "")
-            elif st.retry_at is not None:
-                backoff_s = max(0.0, st.retry_at - self.clock.now())
-                wait_s += backoff_s
-                reason = f"the engine is restarting in {backoff_s:.0f} s after: {st.last_exit}"
-            else:
-                reason = "the engine has not started yet"
-            if st.crashes:
-                reason += f" ({st.crashes})"
-            return Availability(False, False, reason, max(1, math.ceil(wait_s)))
+            return availability(self.status, self.restart, self._load_s, now=now, stopping=stopping)
 
     def request_started(self, *, chat: bool) -> int:
         """A request goes to the engine; returns the engine's start number for `request_ended`/`exit_of`. Chat

@@ -13,7 +13,7 @@ import pytest
 
 from governor.daemon.proxy import ProxyServer, fast_loop
 from governor.daemon.proxylink import Broken, EngineLink
-from governor.daemon.supervisor import Availability
+from governor.daemon.restarts import Availability
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 

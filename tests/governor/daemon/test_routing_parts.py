@@ -15,8 +15,8 @@ import pytest
 
 from governor.daemon.config import ConfigError, load_config
 from governor.daemon.proxy import ProxyServer
+from governor.daemon.restarts import Availability
 from governor.daemon.routing import Router, RoutingError, UpstreamLink, build_router, chat_info, read_key
-from governor.daemon.supervisor import Availability
 from governor.daemon.upstream import first_token_seen, mark_first_event, mark_json
 from policies.decision import Decision, EngineConfig, State
 from tests.governor.daemon.test_proxy import SSE_HEAD, Gate, ScriptedEngine, chunk

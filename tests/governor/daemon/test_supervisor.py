@@ -13,12 +13,8 @@ import pytest
 
 from governor.clock import RealClock
 from governor.daemon.crashes import memory_kill_evidence
-from governor.daemon.supervisor import (
-    EngineSupervisor,
-    RestartPolicy,
-    SupervisedDecider,
-    step_down,
-)
+from governor.daemon.restarts import RestartPolicy, step_down
+from governor.daemon.supervisor import EngineSupervisor, SupervisedDecider
 from policies import StateMachine, load_policy
 from policies.decision import Decision, EngineConfig, Hold, State
 from policies.ladder import ModelLadder, ModelTier

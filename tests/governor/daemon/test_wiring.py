@@ -15,7 +15,8 @@ from governor.clock import RealClock
 from governor.daemon.app import engine_options, policy_loader, uevent_handler
 from governor.daemon.engine import SupervisedEngine, engine_command
 from governor.daemon.metrics import DaemonMetrics
-from governor.daemon.supervisor import EngineSupervisor, RestartPolicy
+from governor.daemon.restarts import RestartPolicy
+from governor.daemon.supervisor import EngineSupervisor
 from governor.engine.serve import initial
 from policies import StateMachine, load_policy
 from policies.decision import Decision, EngineConfig, State
