@@ -7,7 +7,8 @@ open no sysfs file, no control connection and no engine pipe. So, as the control
 
 - at most `max_connections` at once, from the descriptors the daemon may open (half of what its limit leaves after
   a reserve, at most 256); a peer uid other than root and the daemon's own gets a quarter of them at most;
-- a connection over either cap gets `503` with `Retry-After` and is closed;
+- a connection over either cap gets `503` with `Retry-After` and is closed (logged at the 1st, 10th, 100th...
+  refusal: a flood does not flood the journal);
 - a connection must complete its request head within `READ_TIMEOUT_S` (as on the control socket), and uvicorn
   closes one idle between requests after its keep-alive timeout.
 """
@@ -15,11 +16,13 @@ open no sysfs file, no control connection and no engine pipe. So, as the control
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import resource
 from collections import Counter
 from typing import Any
 
+import structlog
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from governor.daemon.control import READ_TIMEOUT_S, peer_credentials
@@ -54,6 +57,7 @@ class Guard:
         self.per_user = max(1, self.limit // 4)
         self.by_uid: Counter[int] = Counter()
         self.refused = 0
+        self._log = structlog.get_logger("governor.proxy")
 
     def admit(self, uid: int) -> str | None:
         """None, and the connection counted, or why it is refused."""
@@ -64,6 +68,13 @@ class Guard:
             return f"too many connections from uid {uid} ({self.per_user}); try again later"
         self.by_uid[uid] += 1
         return None
+
+    def refuse(self, why: str) -> bytes:
+        """Counts (and now and then logs) a refusal; the answer to write before closing the connection."""
+        self.refused += 1
+        if math.log10(self.refused).is_integer():
+            self._log.warning("engine socket connection refused", reason=why, refused_total=self.refused)
+        return _busy(why)
 
     def release(self, uid: int) -> None:
         self.by_uid[uid] -= 1
@@ -85,8 +96,7 @@ class Guard:
                 uid = -1 if cred is None else cred[1]
                 refused = guard.admit(uid)
                 if refused is not None:
-                    guard.refused += 1
-                    transport.write(_busy(refused))
+                    transport.write(guard.refuse(refused))
                     transport.close()
                     return
                 self._uid = uid

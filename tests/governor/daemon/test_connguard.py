@@ -19,6 +19,8 @@ def test_one_user_gets_a_quarter_and_root_the_rest_up_to_the_cap() -> None:
     guard.release(other)
     assert guard.admit(other) is None  # a closed connection is a free place again
     assert sum(guard.by_uid.values()) == 8
+    assert b"503 Service Unavailable" in guard.refuse("too many")
+    assert guard.refused == 1
 
 
 def test_the_cap_leaves_the_daemon_descriptors_of_its_own() -> None:
