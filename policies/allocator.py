@@ -56,6 +56,7 @@ class DeviceModel:
 
     def __init__(self, prior: Power) -> None:
         self.k = prior.freq_exponent
+        self._prior_a = prior.thread_tok_s
         self.a: float | None = prior.thread_tok_s  # tokens/s of one thread at the top clock, compute-limited
         self.ceiling: float | None = None  # tokens/s the memory allows, once seen
         self.observations = 0
@@ -66,6 +67,8 @@ class DeviceModel:
         self._theta = [prior.idle_w, prior.core_w]
         self._cov = [[4.0, 0.0], [0.0, 1.0]]
         self.power_observations = 0
+        self._model_name: str | None = None  # the engine's model these speed figures are of
+        self._speeds: dict[str, tuple[float | None, float | None, dict[tuple[int, float], tuple[float, int]]]] = {}
 
     @property
     def idle_w(self) -> float:
@@ -74,6 +77,18 @@ class DeviceModel:
     @property
     def core_w(self) -> float:
         return max(0.05, self._theta[1])
+
+    def switch_model(self, name: str) -> None:
+        """Decode speed is the model's (tokens/s per thread and the memory ceiling: bandwidth ÷ its weights), the
+        watts are the device's: keep the speed figures per model, so a tier change neither carries a 3B model's
+        per-thread speed over to an 8B one (every 8B figure then looked ceiling-limited, and choosing for that ceiling
+        lowered the clock, which lowered the ceiling) nor forgets what the model measured before."""
+        if name == self._model_name:
+            return
+        if self._model_name is not None:
+            self._speeds[self._model_name] = (self.a, self.ceiling, self._recent)
+        self._model_name = name
+        self.a, self.ceiling, self._recent = self._speeds.pop(name, (self._prior_a, None, {}))
 
     def load(self, threads: int, freq: float) -> float:
         return threads * math.pow(freq, self.k)
@@ -355,6 +370,8 @@ class PowerAllocator:
         a battery says."""
         if engine is None or not engine.busy:
             return
+        if engine.model is not None:
+            self.model.switch_model(engine.model)
         freq = self.freq or 1.0
         if freq_ratio is not None:
             freq = min(freq, freq_ratio)  # the kernel's own throttling counts too

@@ -226,3 +226,29 @@ def test_the_guard_acts_only_within_its_margin_of_the_trip_and_while_rising() ->
     assert power.guard(1.0, 79.8, 80.0, 4, 4) == 1.0  # level: the PI's own
     assert power.guard(0.5, 79.9, 80.0, 4, 4) == 0.5  # the PI already asks for less: kept
     assert power.guard(1.0, 80.5, 80.0, 2, 4) == 2 * 0.9**2.5 / 4  # at the threads in force
+
+
+def test_speed_figures_are_the_models_and_come_back_with_it() -> None:
+    """The N100 under a memory squeeze: the 3B tier taught 2.1 tok/s per thread·clock; back on the 8B model (0.85)
+    every figure looked ceiling-limited against that, and choosing for the ceiling lowered the clock, which lowered the
+    ceiling (3.4 -> 1.1 tok/s, 3 threads at 29 % clock at 62 °C). The watts stay the device's."""
+    power = PowerAllocator(make_policy(states={"hot": {"threads": 4, "min_threads": 1}}), RATIOS, None)
+
+    def decode(model: str, tok_s: float) -> None:
+        power.observe(
+            4, None, 1.0, EngineObservation(busy=True, tokens_per_s=tok_s, model=model), battery=None, on_power=True
+        )
+
+    for _ in range(20):
+        decode("3b", 8.4)
+    assert power.model.a is not None
+    assert abs(power.model.a - 2.1) < 0.01
+    for _ in range(20):
+        decode("8b", 3.4)
+    assert power.model.ceiling is None  # 0.85 per thread·clock is the 8B model's own compute line
+    assert power.model.a is not None
+    assert abs(power.model.a - 0.85) < 0.01
+    full = power.allocate(1.0, 4)
+    assert (full.threads, full.freq_ratio) == (4, 1.0)  # not the lowest-watt setting at a made-up ceiling
+    decode("3b", 8.4)
+    assert abs(power.model.a - 2.1) < 0.01  # what the 3B model measured comes back with it
