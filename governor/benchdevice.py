@@ -270,7 +270,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--tokens", type=int, default=48, help="tokens decoded per measurement")
     p.add_argument("--ctx", type=int, default=1024, help="n_ctx of every run")
     p.add_argument("--root", type=Path, default=Path("/"), help="where /sys and /proc are (power readings, caps)")
-    p.add_argument("--state-dir", type=Path, default=Path(tempfile.gettempdir()), help="where caps' originals go")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        help="where caps' originals are saved until restored (default: the daemon's state directory, whose next "
+        "start restores them after a crash)",
+    )
     p.add_argument("--out", type=Path, default=Path("device.toml"), metavar="FILE.toml")
     p.add_argument("--plot", type=Path, metavar="FILE.png")
     p.set_defaults(func=_main)
@@ -279,6 +284,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from governor.daemon.config import default_dirs
     from policies.ladder import load_ladder
 
     ladder = load_ladder(args.models)
@@ -293,7 +299,9 @@ def _main(args: argparse.Namespace) -> int:
         raise GovernorError(f"--kv: {bad[0]!r} is not one of f16, q8_0, q4_0")
     threads = args.threads or list(range(1, (os.cpu_count() or 1) + 1))
     grid = Grid(tiers, kvs, threads, args.fill, args.freq, args.tokens)
-    runs = run_grid(args.models, grid, root=args.root, state_dir=args.state_dir, n_ctx=args.ctx)
+    state_dir: Path = args.state_dir or default_dirs()[1]
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    runs = run_grid(args.models, grid, root=args.root, state_dir=state_dir, n_ctx=args.ctx)
     power = prior_of(runs, Power())
     header = (
         f"governor bench-device on {platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs), "

@@ -14,6 +14,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,15 +89,22 @@ class FreqCap:
         self._log.debug("cpu frequency actuator", writable=bool(writable), reason=self.reason)
 
     def recover(self) -> None:
-        """A previous run died with caps in force (kill -9, a power cut during a write): put its originals back."""
+        """A previous run died with caps in force (kill -9, a power cut during a write): put its originals back.
+
+        The file is trusted only when it is ours (owner, not writable by others, not a symlink), and then only for
+        the limits this module writes, as positive integers: run as root, a planted file must not make us write
+        a number into any other file."""
         try:
-            data = json.loads(self.saved.read_text())
+            data = json.loads(self._read_saved())
             files = {str(k): int(v) for k, v in data["files"].items()}
+            bad = [p for p, v in files.items() if not self._limit_path(p) or not 0 < v < 10**12]
+            if bad:
+                raise ValueError(f"not a CPU limit this daemon writes: {bad[0]!r} = {files[bad[0]]}")
         except FileNotFoundError:
             return
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             self._log.error(
-                "cannot read the saved CPU frequency limits; leaving them", file=str(self.saved), error=str(exc)
+                "cannot use the saved CPU frequency limits; leaving them", file=str(self.saved), error=str(exc)
             )
             return
         failed = {path: khz for path, khz in files.items() if not self._write(path, khz)}
@@ -103,6 +113,28 @@ class FreqCap:
             return  # keep the file: the next start tries again
         with contextlib.suppress(FileNotFoundError):
             self.saved.unlink()
+
+    def _read_saved(self) -> str:
+        fd = os.open(self.saved, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != os.geteuid() or st.st_mode & 0o022 or not stat.S_ISREG(st.st_mode):
+                raise ValueError(f"not this user's own file (owner uid {st.st_uid}, mode {st.st_mode & 0o7777:o})")
+            return os.read(fd, 1 << 20).decode()
+        finally:
+            os.close(fd)
+
+    def _limit_path(self, path: str) -> bool:
+        """One of the files `_discover` finds to write, under this root."""
+        cpufreq, pstate, powercap = (re.escape(self.root.path(rel)) for rel in (CPUFREQ, PSTATE, POWERCAP))
+        return any(
+            re.fullmatch(pattern, path)
+            for pattern in (
+                rf"{cpufreq}/policy\d+/scaling_max_freq",
+                rf"{pstate}/max_perf_pct",
+                rf"{powercap}/intel-rapl:\d+/constraint_\d_power_limit_uw",
+            )
+        )
 
     def _discover(self) -> list[Cluster]:
         reader = Reader(self.root)
@@ -250,13 +282,19 @@ class FreqCap:
         if self._saved_done:
             return True
         files = {c.path: c.original_khz for c in self.clusters if c.writable}
-        tmp = self.saved.with_suffix(".tmp")
         try:
-            with tmp.open("w") as f:
-                json.dump({"files": files}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            tmp.replace(self.saved)
+            # A new file of our own (O_EXCL, 0600): never one someone else put (or linked) in the directory.
+            fd, tmp = tempfile.mkstemp(prefix=f".{ORIGINALS}.", dir=self.saved.parent)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump({"files": files}, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.saved)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
         except OSError as exc:
             self.reason = f"cannot save the original limits in {self.saved}: {exc.strerror}; not capping"
             self._log.error("not capping the CPU frequency", reason=self.reason)

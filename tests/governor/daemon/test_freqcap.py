@@ -149,6 +149,52 @@ def test_a_damaged_saved_file_is_reported_and_left(tmp_path: Path, content: str)
     assert (tmp_path / ORIGINALS).read_text() == content
 
 
+def test_a_saved_file_naming_another_file_writes_nothing(tmp_path: Path) -> None:
+    """Run as root with a state directory others can write (bench-device once defaulted to /tmp): a planted file
+    must not make the daemon write a number into any file but the CPU limits it writes itself."""
+    tree = big_little(tmp_path / "root")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    policy = tree.path(f"{CPU}/cpufreq/policy4/scaling_max_freq")
+    for target in (victim, Path(f"{policy.parent}/../../../../../../../../{victim}")):
+        saved = {"files": {str(policy): 1_200_000, str(target): 1}}
+        (tmp_path / ORIGINALS).write_text(json.dumps(saved))
+        FreqCap(Root(tree.root), tmp_path).start()
+        assert victim.read_text() == "keep me"
+        assert read_khz(tree, 4) == 2_400_000  # the file is refused whole
+        assert (tmp_path / ORIGINALS).exists()  # and left for a person to look at
+
+
+@pytest.mark.parametrize("planted", ["others may write it", "a symlink"])
+def test_a_saved_file_that_is_not_our_own_is_not_trusted(tmp_path: Path, planted: str) -> None:
+    tree = big_little(tmp_path / "root")
+    policy = tree.path(f"{CPU}/cpufreq/policy4/scaling_max_freq")
+    content = json.dumps({"files": {str(policy): 1_200_000}})
+    if planted == "a symlink":
+        (tmp_path / "elsewhere.json").write_text(content)
+        (tmp_path / ORIGINALS).symlink_to(tmp_path / "elsewhere.json")
+    else:
+        (tmp_path / ORIGINALS).write_text(content)
+        (tmp_path / ORIGINALS).chmod(0o666)
+    FreqCap(Root(tree.root), tmp_path).start()
+    assert read_khz(tree, 4) == 2_400_000
+
+
+def test_saving_replaces_a_planted_link_and_never_writes_through_it(tmp_path: Path) -> None:
+    tree = big_little(tmp_path / "root")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (tmp_path / ORIGINALS).symlink_to(victim)
+    cap = FreqCap(Root(tree.root), tmp_path)
+    cap.start()
+    cap.apply(0.5)
+    assert victim.read_text() == "keep me"
+    assert not (tmp_path / ORIGINALS).is_symlink()
+    assert json.loads((tmp_path / ORIGINALS).read_text())["files"]
+    cap.close()
+    assert read_khz(tree, 4) == 2_400_000
+
+
 PSTATE = f"{CPU}/intel_pstate"
 
 
