@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,10 +49,19 @@ def run(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
     if not console.is_terminal:
         console.width = 160  # piped or captured: rich's 80-column default would wrap table cells
-    wake = threading.Event()
+    wake, stop = threading.Event(), threading.Event()
     events = UdevEvents(lambda _event: wake.set())
     if args.watch and args.root == Path("/"):
         events.start()  # a charger plugged in shows at once instead of at the next interval
+    if args.watch:
+        # Ctrl-C / SIGTERM end the watch between two samples: an exception raised wherever the main thread happens to
+        # be (inside a library's lock, a log handler) could leave a lock held that the exit then waits on.
+        def ask_stop(_signum: int, _frame: object) -> None:
+            stop.set()
+            wake.set()
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, ask_stop)
     shown = 0
     try:
         if not args.watch:
@@ -70,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
                 return 0
             wake.wait(args.interval)
             wake.clear()
+            if stop.is_set():
+                return 0
     except KeyboardInterrupt:
         return 0
     finally:
