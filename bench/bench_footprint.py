@@ -10,7 +10,8 @@ is missing, /proc/PID/stat's utime+stime, 10 ms ticks, is printed beside it as a
 schedstat run counts (times a thread was put on a CPU). These survive a shared machine's load: they count what the
 process did, not how long the wall clock took. The per-thread table shows what still wakes.
 Goals (issue 16): idle daemon + engine <= 0.05 s/min; generating daemon <= 1 % of the engine; mitigating daemon
-<= 0.3 s/min. Usage: .venv/bin/python bench/bench_footprint.py [--window-s 60]
+<= 0.3 s/min. Usage: .venv/bin/python bench/bench_footprint.py [--window-s 60] [--phases mitigating ...]
+(`--phases`: only those, e.g. `--phases mitigating` while working on the tick; the default runs all three).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ IDLE_GOAL_S_PER_MIN = 0.05
 GENERATING_GOAL = 0.01
 MITIGATING_GOAL_S_PER_MIN = 0.3
 ZONE = "sys/class/thermal/thermal_zone0/temp"
+PHASES = ["idle", "generating", "mitigating"]
 
 
 @dataclass
@@ -217,15 +219,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window-s", type=float, default=60.0, help="the idle window; the others are half as long")
     parser.add_argument("--settle-s", type=float, default=8.0, help="wait after each change before measuring")
+    parser.add_argument("--phases", nargs="+", choices=PHASES, default=PHASES, help="run only these (default: all)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gvfp", dir="/tmp"))
     try:
         ladder_path = write_demo_models(REPO / "demo-models")
         with governed(work, ladder_path) as daemon:
             engine_pid = int(daemon.wait_ready(180)["supervisor"]["pid"])
-            idle_phase(daemon, engine_pid, ladder_path, work, args)
-            generating_phase(daemon, engine_pid, args.window_s / 2)
-            mitigating_phase(daemon, engine_pid, args.window_s / 2, args.settle_s)
+            if "idle" in args.phases:
+                idle_phase(daemon, engine_pid, ladder_path, work, args)
+            if "generating" in args.phases:
+                generating_phase(daemon, engine_pid, args.window_s / 2)
+            if "mitigating" in args.phases:
+                mitigating_phase(daemon, engine_pid, args.window_s / 2, args.settle_s)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

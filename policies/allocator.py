@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from policies.decision import State
 from policies.schema import Policy, Power
@@ -37,11 +37,10 @@ FLAT = 0.5  # a higher clock that gains less than half the compute line's gain o
 RECENT_OBS = 240  # observations: how long a (threads, clock) figure counts as recent (clocks compared, probes)
 
 
-Key = tuple[bool, float, float, int, float]  # (fits the budget uncapped, tokens/s, load, threads, clock)
+Key = tuple[float, float, int, float]  # (tokens/s within the budget, load, threads, clock)
 
 
-@dataclass(frozen=True, slots=True)
-class Choice:
+class Choice(NamedTuple):
     threads: int
     freq_ratio: float
     rate: float | None  # the rate cap needed to stay in budget; None: no cap needed
@@ -190,23 +189,31 @@ def allocate(
     prefill: bool = False,
 ) -> Choice:
     """The (threads, clock, rate) with the most predicted tokens/s within the budget u x full dynamic power.
-    `prefill`: the engine is evaluating a prompt, which is compute-bound: the memory ceiling does not apply."""
+    `prefill`: the engine is evaluating a prompt, which is compute-bound: the memory ceiling does not apply.
+
+    A configuration that fits the budget uncapped beats a rate-capped one (between two clock steps the PI dithers the
+    clock, a sysfs write, rather than the engine's rate cap, a reconfiguration; the cap is for budgets under every
+    step); among those, the most tokens/s, and within 1 % of the most, the fewest watts, then the fewest threads. The
+    alternative for the explanation is the same pick among the other thread counts. Plain loops: every tick."""
     budget = max(0.0, u) * full_threads  # in load units (thread·f^k); all threads at the top clock = full_threads
     limit = budget * (1 + 1e-9)
     budget_w = model.idle_w + model.core_w * budget
     a, ceiling = model.a or 1.0, None if prefill else model.ceiling
-    keys: list[Key] = []
+    fitting: list[Key] = []
+    capped: list[Key] = []  # over budget: the rate cap would take the rest, so tokens/s scale with budget / load
     for f, fk in zip(ratios, model.powers(ratios), strict=True):
         for n in threads:
             load = n * fk
             tok = a * n * f
             if ceiling is not None and tok > ceiling:
                 tok = ceiling
-            fits = load <= limit
-            keys.append((fits, tok if fits else tok * budget / load, load, n, f))
-    best = _best(keys, None)
+            if load <= limit:
+                fitting.append((tok, load, n, f))
+            else:
+                capped.append((tok * budget / load, load, n, f))
+    best = _best(fitting, None) or _best(capped, None)
     assert best is not None  # threads and ratios are never empty
-    other = _best(keys, best[3])
+    other = _best(fitting, best[2]) or _best(capped, best[2])
     alt = None
     if other is not None:
         alt = _choice(model, other, budget=budget, budget_w=budget_w, max_rate=max_rate, min_rate=min_rate)
@@ -214,21 +221,20 @@ def allocate(
 
 
 def _best(keys: Sequence[Key], not_threads: int | None) -> Key | None:
-    """The most tokens/s; a configuration that fits uncapped beats a rate-capped one (between two clock steps the PI
-    dithers the clock, a sysfs write, rather than the engine's rate cap, a reconfiguration; the cap is for budgets
-    under every step); within 1 % of the most, the fewest watts, then the fewest threads. Plain loops: every tick."""
-    fits, top = False, -1.0
+    """Of the keys without `not_threads` threads, the fewest watts (load), then the fewest threads, among those within
+    1 % of the most tokens/s; the first of equals. None: no such key."""
+    top = -1.0
     for k in keys:
-        if k[3] != not_threads and (k[0], k[1]) > (fits, top):
-            fits, top = k[0], k[1]
+        if k[0] > top and k[2] != not_threads:
+            top = k[0]
     floor = top * (1 - TIE)
     best: Key | None = None
     for k in keys:
-        if k[3] == not_threads or k[0] != fits or k[1] < floor:
+        if k[0] < floor or k[2] == not_threads:
             continue
-        if best is None or (k[2], k[3]) < (best[2], best[3]):
+        if best is None or k[1] < best[1] or (k[1] == best[1] and k[2] < best[2]):
             best = k
-    return best  # None: every configuration has `not_threads` threads
+    return best
 
 
 def _choice(
@@ -241,7 +247,7 @@ def _choice(
     min_rate: float | None,
     alt: Choice | None = None,
 ) -> Choice:
-    _fits, tok, load, n, f = key
+    tok, load, n, f = key
     rate: float | None = None
     if load > budget * (1 + 1e-9):  # over budget even at its lowest clock: the rate cap takes the rest
         if model.a is not None:
@@ -335,7 +341,7 @@ class PowerAllocator:
         if rate is not None and last is not None and abs(rate - last) <= RATE_DEADBAND * last:
             rate = last
         if rate != choice.rate:
-            choice = replace(choice, rate=rate)
+            choice = choice._replace(rate=rate)
         self._rate = choice.rate
         self.choice = choice
         return choice
@@ -352,8 +358,8 @@ class PowerAllocator:
         if not below or model.measured_below(choice.threads, below[-1], (1 - TIE) * (ceiling or tok)):
             return choice
         f = below[-1]
-        return replace(
-            choice, freq_ratio=f, tok_s=model.speed(choice.threads, f), power_w=model.power_w(choice.threads, f)
+        return choice._replace(
+            freq_ratio=f, tok_s=model.speed(choice.threads, f), power_w=model.power_w(choice.threads, f)
         )
 
     def observe(

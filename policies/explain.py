@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from policies.allocator import Choice
 from policies.contention import ThreadsNote
@@ -17,9 +17,8 @@ from sensors.snapshot import EngineObservation
 Readings = dict[str, float | bool | str | None]
 
 
-@dataclass(frozen=True, slots=True)
-class Tick:
-    """What one tick saw and chose; built by the state machine, read here."""
+class Tick(NamedTuple):
+    """What one tick saw and chose; built by the state machine, read here (immutable, cheap to build)."""
 
     t: float
     policy: Policy

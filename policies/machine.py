@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import NamedTuple
 
 from policies.allocator import PowerAllocator
@@ -29,6 +28,8 @@ from sensors.snapshot import EngineObservation, Snapshot
 RANK = {s: i for i, s in enumerate(PRIORITY)}  # 0 = safest
 MITIGATING = frozenset({State.HOT, State.CRITICAL})
 ACTIVITY = frozenset({State.IDLE, State.SUSTAINED})
+CONFIGS_KEPT = 256  # distinct engine configs remembered (the hot allocator's rate cap can take many values)
+MODEL_ORDER = {MODEL_LARGEST: 0, MODEL_SMALLEST: 2}  # without a ladder: "smallest" beats a name beats "largest"
 
 
 class Limits(NamedTuple):
@@ -44,6 +45,10 @@ class Limits(NamedTuple):
     @classmethod
     def of(cls, state: State, p: Profile) -> Limits:
         return cls(state, p.threads, p.n_ctx, KV_ORDER.index(p.kv_type), p.model, p.max_tokens_per_s)
+
+    def at(self, threads: int, rate: float | None) -> Limits:
+        """This profile with other threads and rate cap (`_replace`, at a third of its cost)."""
+        return Limits(self.state, threads, self.n_ctx, self.kv_rank, self.model, rate)
 
 
 class StateMachine:
@@ -90,6 +95,7 @@ class StateMachine:
         self._shrink_t = -math.inf
         self._last_fit: Fit | None = None
         self._fit_cache: dict[tuple[int, int, str, int], Fit] = {}
+        self._configs: dict[tuple[object, ...], EngineConfig] = {}
         self._ramping = False
         self._untrusted_since: float | None = None  # since when trusted zones give no plausible reading
         self._calm = False
@@ -122,15 +128,17 @@ class StateMachine:
     def decide(
         self, snapshot: Snapshot, engine: EngineObservation | None, t: float, holds: Sequence[Hold] = ()
     ) -> Decision:
-        sense = self._sense(snapshot, engine, t)
+        margin: float | None = None
         if self.power.enabled:  # the clock's fine steps let the setpoint sit closer to the trip
-            view = sense.view
             power = self.policy.power
-            margin = power.throttled_margin_c if sense.cpu_throttled else power.control_margin_c
-            setpoint = max(view.trip_c - margin, view.hot_exit_c + 0.5)
-            if setpoint != view.setpoint_c:
-                sense = replace(sense, view=replace(view, setpoint_c=setpoint))
-        desired = next((s for s in PRIORITY if s in self.triggers and self.triggers[s].on), State.IDLE)
+            margin = power.throttled_margin_c if snapshot.cpu.throttled else power.control_margin_c
+        sense = self._sense(snapshot, engine, t, margin)
+        desired = State.IDLE
+        for s in PRIORITY:  # the safest state whose condition is on (a plain loop: every tick)
+            trigger = self.triggers.get(s)
+            if trigger is not None and trigger.on:
+                desired = s
+                break
         previous_state = self.state
         held_for = self._gate(desired, t)
 
@@ -168,9 +176,7 @@ class StateMachine:
             active, n_ctx=n_ctx, kv=kv, sense=sense, engine=engine, prev=prev, t=t, max_tiers=tiers
         )
         n_batch = fitted.n_batch if fitted is not None and fitted.n_batch else self.policy.memory.n_batch
-        config = EngineConfig.model_construct(
-            threads=threads, n_ctx=n_ctx, kv_type=kv, model=model, max_tokens_per_s=rate, n_batch=n_batch
-        )  # values come from validated profiles and holds: re-validating per tick would cost more than the tick
+        config = self._config(threads, n_ctx, kv=kv, model=model, rate=rate, n_batch=n_batch)
 
         tick = Tick(
             t=t, policy=self.policy, sense=sense, previous_state=previous_state, state=self.state, label=label,
@@ -182,17 +188,35 @@ class StateMachine:
         self._calm = self._is_calm(sense, engine, label)
         rule, reason, readings = explain(tick)
         decision = Decision.model_construct(
-            t=t, state=label, engine=config, reason=reason, rule=rule, readings=readings, changed=config != prev,
-            freq_ratio=freq, engine_wait=None if fitted is None else fitted.wait,
+            t=t, state=label, engine=config, reason=reason, rule=rule, readings=readings,
+            changed=config is not prev and config != prev, freq_ratio=freq,
+            engine_wait=None if fitted is None else fitted.wait,
         )  # fmt: skip
         self.last = decision
         return decision
 
-    def _sense(self, snapshot: Snapshot, engine: EngineObservation | None, t: float) -> Sense:
+    def _config(
+        self, threads: int, n_ctx: int, *, kv: KvType, model: str, rate: float | None, n_batch: int
+    ) -> EngineConfig:
+        """The engine config of these values: one frozen object per distinct set (it changes a few times an hour,
+        and building one is a tenth of a tick). Values come from validated profiles and holds: no re-validation."""
+        key = (threads, n_ctx, kv, model, rate, type(rate), n_batch)  # the type: 5 == 5.0, but "5" != "5.0" in JSON
+        config = self._configs.get(key)
+        if config is None:
+            if len(self._configs) >= CONFIGS_KEPT:
+                self._configs.clear()
+            config = self._configs[key] = EngineConfig.model_construct(
+                threads=threads, n_ctx=n_ctx, kv_type=kv, model=model, max_tokens_per_s=rate, n_batch=n_batch
+            )
+        return config
+
+    def _sense(
+        self, snapshot: Snapshot, engine: EngineObservation | None, t: float, control_margin_c: float | None = None
+    ) -> Sense:
         """Readings, then every debounced condition. Each raw condition uses its entry test while off and its laxer
         stay test while on (hysteresis); an unknown reading keeps a condition as it was."""
         pol, trig = self.policy, self.triggers
-        view = self._zones.view(snapshot)
+        view = self._zones.view(snapshot, control_margin_c)
         temp = view.temp_c
         forecast: float | None = None
         if temp is not None:  # forecast on the scale that stays continuous when another zone starts to bind
@@ -297,7 +321,7 @@ class StateMachine:
                     self._pi.start(view.setpoint_c, view.temp_c, guarded, t)
                     self._pi_u = u = guarded
                 choice = self.power.allocate(u, self._cpus, prefill=self._prefill)
-                active.append(self._limits[State.HOT]._replace(threads=choice.threads, rate=choice.rate))
+                active.append(self._limits[State.HOT].at(choice.threads, choice.rate))
         else:
             self._pi, self._pi_u = None, None
             if self.state == State.CRITICAL:
@@ -377,9 +401,8 @@ class StateMachine:
         low_rate, top_rate = hot.rate_range
         top_rate = top_rate or 1.0  # validated present
         low_rate = low_rate or top_rate
-        return self._limits[State.HOT]._replace(
-            threads=low + math.floor(u * (hot.threads - low) + 0.5),
-            rate=round(low_rate + u * (top_rate - low_rate), 1),
+        return self._limits[State.HOT].at(
+            low + math.floor(u * (hot.threads - low) + 0.5), round(low_rate + u * (top_rate - low_rate), 1)
         )
 
     def _fit(
@@ -399,9 +422,7 @@ class StateMachine:
         mem = self.policy.memory
         if self.ladder is None:
             # Without a ladder the tiers have no order: "smallest" beats a name beats "largest", else the safest.
-            model = max(
-                active, key=lambda lim: ({MODEL_LARGEST: 0, MODEL_SMALLEST: 2}.get(lim.model, 1), -RANK[lim.state])
-            ).model
+            model = max(active, key=lambda lim: (MODEL_ORDER.get(lim.model, 1), -RANK[lim.state])).model
             if not pressure:
                 self._pressure_cap = None
             elif prev is not None and t - self._shrink_t >= mem.psi_step_s:

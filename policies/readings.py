@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from typing import NamedTuple
 
 from policies.schema import Thermal
 from sensors.snapshot import Battery, Snapshot
@@ -14,11 +14,11 @@ ZoneReading = tuple[str, float, float | None, float | None]  # label, °C, its o
 CRITICAL_TRIPS = frozenset({"critical", "crit"})
 
 
-@dataclass(frozen=True, slots=True)
-class ThermalView:
+class ThermalView(NamedTuple):
     """The thermal picture of one tick, told from the binding zone: the trusted zone with the least headroom under
     its own passive trip (thermald and the kernel judge each zone against its own trips; a phone's 43 °C skin
-    limit binds long before its CPU's 95 °C). Every threshold below is on that zone's own scale."""
+    limit binds long before its CPU's 95 °C). Every threshold below is on that zone's own scale. (A NamedTuple, like
+    `Sense`: immutable and built every tick at half a frozen dataclass's cost.)"""
 
     temp_c: float | None  # the binding zone's reading, None when no trusted zone reads
     zone: str | None
@@ -44,8 +44,7 @@ class ThermalView:
         return None if self.temp_c is None else self.trip_c - self.temp_c
 
 
-@dataclass(frozen=True, slots=True)
-class Sense:
+class Sense(NamedTuple):
     """One tick's readings and the raw critical causes, as the rules and the explanation see them."""
 
     view: ThermalView
@@ -111,11 +110,13 @@ class ZoneFilter:
             readings.append(("battery", battery_c, None, None))
         return readings, passive, critical, trusted_zones
 
-    def view(self, snapshot: Snapshot) -> ThermalView:
+    def view(self, snapshot: Snapshot, control_margin_c: float | None = None) -> ThermalView:
         """Each trusted zone against its own trips: a zone's passive trip is its own lowest one, else the reference
         trip (the policy's `trip_c`, else the lowest passive trip among trusted zones, else the fallback); an explicit
         `trip_c` / `critical_c` in the policy applies to every zone. The hot thresholds keep their distance to the trip
-        on every zone, so the zone with the least headroom is the one nearest hot, the PI's setpoint and the trip."""
+        on every zone, so the zone with the least headroom is the one nearest hot, the PI's setpoint and the trip.
+        `control_margin_c`: the setpoint's distance under the binding zone's trip instead of the policy's
+        `control_margin_c` (the power allocator's clock steps let it sit closer), still above the hot exit."""
         cfg = self._cfg
         readings, passive, critical, trusted_zones = self._zones(snapshot)
         if cfg.trip_c is not None:
@@ -153,14 +154,19 @@ class ZoneFilter:
                 zone_crit = own_critical - cfg.critical_margin_c
             if zone_crit - value < crit_headroom:
                 crit_headroom, crit_temp, crit_zone, crit_at = zone_crit - value, value, label, zone_crit
+        zone_trip_c, zone_exit_c = trip + offset, exit_c + offset
+        if control_margin_c is None:
+            setpoint_c = setpoint + offset
+        else:
+            setpoint_c = max(zone_trip_c - control_margin_c, zone_exit_c + 0.5)
         return ThermalView(
             temp_c=temp,
             zone=zone,
-            trip_c=trip + offset,
+            trip_c=zone_trip_c,
             trip_source=zone_source,
             hot_enter_c=enter + offset,
-            hot_exit_c=exit_c + offset,
-            setpoint_c=setpoint + offset,
+            hot_exit_c=zone_exit_c,
+            setpoint_c=setpoint_c,
             critical_c=crit_at,
             critical_exit_c=crit_at - cfg.critical_hysteresis_c,
             untrusted=trusted_zones and temp is None,
