@@ -6,9 +6,13 @@ Like psutil's `cat(path, fallback=None)`: a broken file costs one reading, never
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
+import stat
+import weakref
+from collections.abc import Iterator
 from pathlib import Path
 
 from sensors.snapshot import Problem
@@ -24,6 +28,9 @@ class Root:
     def __init__(self, prefix: Path | str = "/") -> None:
         self.prefix = Path(prefix)
         self._base = str(self.prefix).rstrip("/")
+        self._held: dict[str, int] = {}  # path -> descriptor kept open for re-reading (see `holding`)
+        self._holding = False
+        weakref.finalize(self, _close_all, self._held)  # a sampler dropped without close() leaks no descriptor
 
     def path(self, rel: str) -> str:
         return f"{self._base}/{rel.lstrip('/')}"
@@ -38,11 +45,42 @@ class Root:
 
     def read(self, path: str) -> bytes:
         # os.open/os.read: no text-layer or buffer setup; a sample reads ~100 small files.
+        if self._holding:
+            fd = self._held.get(path)
+            if fd is not None:
+                try:
+                    if os.fstat(fd).st_nlink:  # 0: deleted or renamed over (a fake tree's file): open the path again
+                        return os.pread(fd, 65536, 0)
+                except OSError:  # e.g. ENODEV: the device went away; opening the path again says how
+                    pass
+                del self._held[path]
+                os.close(fd)
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO in a fake tree must not block the sample
+        keep = False
         try:
-            return os.read(fd, 65536)
+            data = os.read(fd, 65536)
+            keep = self._holding and stat.S_ISREG(os.fstat(fd).st_mode)
+            return data
         finally:
-            os.close(fd)
+            if keep:
+                self._held[path] = fd
+            else:
+                os.close(fd)
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Reads in this block keep their regular files open and read them again with pread(2) next time: the
+        sampler's per-tick files (sysfs and procfs make a fresh value at offset 0, as poll()-able attributes are read;
+        it saves open and close, most of a small file's cost). A descriptor whose read fails or whose file was deleted
+        is closed and the path opened again; `release()` (at every discovery and on close) closes them all."""
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+
+    def release(self) -> None:
+        _close_all(self._held)
 
     def listdir(self, path: str) -> list[str]:
         return os.listdir(path)
@@ -65,6 +103,12 @@ class Root:
     def is_live(self) -> bool:
         """True when reading the running system itself (prefix "/"), so psutil's figures describe the same machine."""
         return not self._base
+
+
+def _close_all(held: dict[str, int]) -> None:
+    for fd in held.values():
+        os.close(fd)
+    held.clear()
 
 
 def describe(exc: OSError) -> str:

@@ -148,6 +148,7 @@ class SensorSampler:
         return battery
 
     def _discover(self, reader: Reader, now: float) -> Inventory:
+        self.root.release()  # files read every sample are opened again: none outlives a discovery period
         inputs = (*discover_zones(self.root, reader), *discover_hwmon(self.root, reader))
         self._stuck.forget_except({i.source for i in inputs})
         self._known.update((i.source, i) for i in inputs)
@@ -187,6 +188,10 @@ class SensorSampler:
         inv = self._inventory
         if inv is None or now - inv.at >= self.rediscover_s:
             inv = self._inventory = self._discover(reader, now)
+        with self.root.holding():
+            return self._read(reader, inv, now)
+
+    def _read(self, reader: Reader, inv: Inventory, now: float) -> Snapshot:
         values = {item.source: read_zone(reader, item) for item in inv.inputs}
         for source, still in self._stuck.update(values).items():
             item = next(i for i in inv.inputs if i.source == source)
@@ -272,6 +277,7 @@ class SensorSampler:
         return notes
 
     def close(self) -> None:
+        self.root.release()
         if self.termux is not None:
             self.termux.close()
 
