@@ -59,8 +59,8 @@ class DeviceModel:
         self.a: float | None = prior.thread_tok_s  # tokens/s of one thread at the top clock, compute-limited
         self.ceiling: float | None = None  # tokens/s the memory allows, once seen
         self.observations = 0
-        self._powers_of: Sequence[float] | None = None
-        self._powers: tuple[float, ...] = ()
+        self._grid_of: tuple[Sequence[float] | None, tuple[int, ...]] = (None, ())
+        self._grid: tuple[tuple[int, float, float], ...] = ()
         # Recursive least squares on P = idle + w·x (x = n·f^k·duty), starting from the prior with low confidence.
         self._recent: dict[tuple[int, float], tuple[float, int]] = {}  # (threads, clock) -> (tok/s, observation no.)
         self._theta = [prior.idle_w, prior.core_w]
@@ -92,11 +92,15 @@ class DeviceModel:
     def load(self, threads: int, freq: float) -> float:
         return threads * math.pow(freq, self.k)
 
-    def powers(self, ratios: Sequence[float]) -> tuple[float, ...]:
-        """f^k for each ratio, computed once per table (the allocator asks every tick)."""
-        if ratios is not self._powers_of:
-            self._powers_of, self._powers = ratios, tuple(math.pow(f, self.k) for f in ratios)
-        return self._powers
+    def grid(self, threads: Sequence[int], ratios: Sequence[float]) -> tuple[tuple[int, float, float], ...]:
+        """(threads, clock, load) for every clock x thread count, the fewest watts first (by load, then threads; equals
+        in clock-major order): computed once per table and thread range (the allocator asks every tick; the clock
+        table is the same tuple every time)."""
+        key = (ratios, tuple(threads))
+        if key[0] is not self._grid_of[0] or key[1] != self._grid_of[1]:
+            cells = [(n, f, self.load(n, f)) for f in ratios for n in key[1]]
+            self._grid_of, self._grid = key, tuple(sorted(cells, key=lambda c: (c[2], c[0])))  # stable
+        return self._grid
 
     def speed(self, threads: int, freq: float) -> float:
         """Predicted decode tokens/s; in units of one thread at the top clock while `a` is unknown."""
@@ -104,7 +108,10 @@ class DeviceModel:
         return compute if self.ceiling is None else min(compute, self.ceiling)
 
     def power_w(self, threads: int, freq: float, duty: float = 1.0) -> float:
-        return self.idle_w + self.core_w * self.load(threads, freq) * duty
+        return self.power_at(self.load(threads, freq), duty)
+
+    def power_at(self, load: float, duty: float = 1.0) -> float:
+        return self.idle_w + self.core_w * load * duty
 
     def observe(
         self,
@@ -198,43 +205,65 @@ def allocate(
     budget = max(0.0, u) * full_threads  # in load units (thread·f^k); all threads at the top clock = full_threads
     limit = budget * (1 + 1e-9)
     budget_w = model.idle_w + model.core_w * budget
-    a, ceiling = model.a or 1.0, None if prefill else model.ceiling
-    fitting: list[Key] = []
-    capped: list[Key] = []  # over budget: the rate cap would take the rest, so tokens/s scale with budget / load
-    for f, fk in zip(ratios, model.powers(ratios), strict=True):
-        for n in threads:
-            load = n * fk
-            tok = a * n * f
-            if ceiling is not None and tok > ceiling:
-                tok = ceiling
-            if load <= limit:
-                fitting.append((tok, load, n, f))
-            else:
-                capped.append((tok * budget / load, load, n, f))
-    best = _best(fitting, None) or _best(capped, None)
+    a = model.a or 1.0
+    ceiling = math.inf if prefill or model.ceiling is None else model.ceiling
+    cells = model.grid(threads, ratios)
+    toks: list[tuple[bool, float]] = []  # per cell: fits the budget uncapped, tokens/s within the budget
+    # The most tokens/s among the cells that fit (and among those that do not), the threads of a cell that has it,
+    # and the most among the cells with other threads: the alternative's "most" needs no pass of its own.
+    fit_top, fit_n, fit_other = -1.0, 0, -1.0
+    cap_top, cap_n, cap_other = -1.0, 0, -1.0
+    for n, f, load in cells:
+        tok = a * n * f
+        if tok > ceiling:  # noqa: PLR1730 (hot path: min() is a call per cell)
+            tok = ceiling
+        if load <= limit:
+            toks.append((True, tok))
+            if tok > fit_top:
+                if n != fit_n:
+                    fit_other = fit_top
+                fit_top, fit_n = tok, n
+            elif n != fit_n and tok > fit_other:
+                fit_other = tok
+        else:  # over budget: the rate cap would take the rest, so tokens/s scale with budget / load
+            tok = tok * budget / load
+            toks.append((False, tok))
+            if tok > cap_top:
+                if n != cap_n:
+                    cap_other = cap_top
+                cap_top, cap_n = tok, n
+            elif n != cap_n and tok > cap_other:
+                cap_other = tok
+    fits = fit_top >= 0  # any cell fits: only those compete
+    best = _first(cells, toks, fits, fit_top if fits else cap_top, None)
     assert best is not None  # threads and ratios are never empty
-    other = _best(fitting, best[2]) or _best(capped, best[2])
+    other = None  # the same pick among the other thread counts
+    fit_most = fit_other if best[2] == fit_n else fit_top  # among the cells without best's threads (-1: none)
+    cap_most = cap_other if best[2] == cap_n else cap_top
+    if fit_most >= 0:
+        other = _first(cells, toks, True, fit_most, best[2])
+    elif cap_most >= 0:
+        other = _first(cells, toks, False, cap_most, best[2])
     alt = None
     if other is not None:
         alt = _choice(model, other, budget=budget, budget_w=budget_w, max_rate=max_rate, min_rate=min_rate)
     return _choice(model, best, budget=budget, budget_w=budget_w, max_rate=max_rate, min_rate=min_rate, alt=alt)
 
 
-def _best(keys: Sequence[Key], not_threads: int | None) -> Key | None:
-    """Of the keys without `not_threads` threads, the fewest watts (load), then the fewest threads, among those within
-    1 % of the most tokens/s; the first of equals. None: no such key."""
-    top = -1.0
-    for k in keys:
-        if k[0] > top and k[2] != not_threads:
-            top = k[0]
-    floor = top * (1 - TIE)
-    best: Key | None = None
-    for k in keys:
-        if k[0] < floor or k[2] == not_threads:
-            continue
-        if best is None or k[1] < best[1] or (k[1] == best[1] and k[2] < best[2]):
-            best = k
-    return best
+def _first(
+    cells: Sequence[tuple[int, float, float]],
+    toks: Sequence[tuple[bool, float]],
+    fits: bool,
+    most: float,
+    not_threads: int | None,
+) -> Key | None:
+    """The first cell (the fewest watts, then the fewest threads) that fits as asked, has not `not_threads` threads
+    and comes within 1 % of `most` tokens/s; None: none."""
+    floor = most * (1 - TIE)
+    for (n, f, load), (cell_fits, tok) in zip(cells, toks, strict=True):
+        if cell_fits is fits and tok >= floor and n != not_threads:
+            return (tok, load, n, f)
+    return None
 
 
 def _choice(
@@ -265,7 +294,7 @@ def _choice(
         freq_ratio=f,
         rate=rate,
         tok_s=tok if model.a is not None else None,
-        power_w=model.power_w(n, f, duty),
+        power_w=model.power_at(load, duty),
         budget_w=budget_w,
         alternative=alt,
     )

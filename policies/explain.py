@@ -114,7 +114,7 @@ def _why_off(k: Tick, state: State) -> tuple[str, str]:
 
 
 def _changes(prev: EngineConfig | None, cfg: EngineConfig, always: bool) -> str:
-    changes = cfg.describe(prev)
+    changes = "" if cfg is prev else cfg.describe(prev)  # the state machine reuses an unchanged config's object
     if not changes and always:
         return cfg.describe(live_only=True)
     return changes

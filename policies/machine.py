@@ -142,8 +142,8 @@ class StateMachine:
         previous_state = self.state
         held_for = self._gate(desired, t)
 
-        live = [h for h in holds if h.expires_t is None or h.expires_t > t]
-        pins = [h.state for h in live if h.state is not None]
+        live = [h for h in holds if h.expires_t is None or h.expires_t > t] if holds else []
+        pins = [h.state for h in live if h.state is not None] if live else []
         pin = min(pins, key=RANK.__getitem__) if pins else None
         label = self.state if (pin is None or self.state in MITIGATING) else pin
         prev = self.last.engine if self.last is not None else None
@@ -156,9 +156,11 @@ class StateMachine:
         self._prefill = engine is not None and engine.busy and not engine.tokens_per_s  # a prompt: no tokens yet
         self._fit_threads.update(snapshot.cpu, engine, prev is not None and prev.max_tokens_per_s is not None, t)
         active = self._in_force(pin, sense, prev, t)
-        caps = [h.max_threads for h in live if h.max_threads is not None]
-        rate_caps = [h.max_tokens_per_s for h in live if h.max_tokens_per_s is not None]
-        sizing = [h for h in live if h.max_tier is not None or h.max_ctx is not None]  # e.g. after a memory kill
+        caps, rate_caps, sizing = [], [], []  # by the holds in force (usually none)
+        if live:
+            caps = [h.max_threads for h in live if h.max_threads is not None]
+            rate_caps = [h.max_tokens_per_s for h in live if h.max_tokens_per_s is not None]
+            sizing = [h for h in live if h.max_tier is not None or h.max_ctx is not None]  # e.g. after a memory kill
         # Never more threads than online CPUs: llama.cpp's threads wait for each other at every step, so an
         # oversubscribed core slows them all (a 4-thread profile on a 2-core box). Unknown count: no cap.
         cpus = [snapshot.cpu.count] if snapshot.cpu.count else []

@@ -252,3 +252,17 @@ def test_speed_figures_are_the_models_and_come_back_with_it() -> None:
     assert (full.threads, full.freq_ratio) == (4, 1.0)  # not the lowest-watt setting at a made-up ceiling
     decode("3b", 8.4)
     assert abs(power.model.a - 2.1) < 0.01  # what the 3B model measured comes back with it
+
+
+def test_the_allocators_grid_follows_the_thread_range_and_the_clock_table() -> None:
+    """The (threads, clock, load) grid is kept per model between ticks: other threads or another table rebuild it."""
+    model = compute_bound()
+    wide = allocate(model, 1.0, threads=range(1, 5), ratios=RATIOS, full_threads=4, max_rate=None, min_rate=None)
+    assert (wide.threads, wide.freq_ratio) == (4, 1.0)
+    narrow = allocate(model, 1.0, threads=range(1, 3), ratios=RATIOS, full_threads=4, max_rate=None, min_rate=None)
+    assert (narrow.threads, narrow.freq_ratio) == (2, 1.0)
+    slow = allocate(model, 1.0, threads=range(1, 3), ratios=(0.4, 0.5), full_threads=4, max_rate=None, min_rate=None)
+    assert (slow.threads, slow.freq_ratio) == (2, 0.5)
+    assert (
+        allocate(model, 1.0, threads=range(1, 5), ratios=RATIOS, full_threads=4, max_rate=None, min_rate=None) == wide
+    )

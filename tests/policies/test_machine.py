@@ -371,3 +371,26 @@ def test_calm_never_makes_the_loop_slower_than_its_interval(policy: Policy) -> N
     slow = policy.model_copy(update={"timing": policy.timing.model_copy(update={"interval_s": 8.0})})
     gov = StateMachine(slow)
     assert gov.interval_s(gov.decide(snap(50.0), IDLE, 0.0)) == 8.0
+
+
+def test_an_unchanged_config_is_one_object_and_any_change_is_a_new_one(policy: Policy) -> None:
+    """The engine config is built once per distinct value (a cache keyed by every field): a hold that changes one
+    setting gives a new config with it, and going back gives the first one again."""
+    gov = StateMachine(policy)
+    capped = Hold(owner="t", max_tokens_per_s=5.0)
+    first, same = run(gov, [snap()] * 2, engine=IDLE)
+    assert same.engine is first.engine
+    assert not same.changed
+    lower = run(gov, [snap()], t0=2, engine=IDLE, holds=[capped])[0]
+    assert lower.engine.max_tokens_per_s == 5.0
+    assert lower.changed
+    assert lower.engine is not first.engine
+    slower = run(gov, [snap()], t0=3, engine=IDLE, holds=[capped.model_copy(update={"max_tokens_per_s": 4.0})])[0]
+    assert slower.engine.max_tokens_per_s == 4.0
+    assert slower.changed
+    assert run(gov, [snap()], t0=4, engine=IDLE, holds=[capped])[0].engine is lower.engine
+    # 5 == 5.0 as a dict key: the value's type is part of the key, so each config keeps exactly the value it was given.
+    as_int = gov._config(2, 1024, kv="f16", model="m", rate=5, n_batch=512)
+    as_float = gov._config(2, 1024, kv="f16", model="m", rate=5.0, n_batch=512)
+    assert (repr(as_int.max_tokens_per_s), repr(as_float.max_tokens_per_s)) == ("5", "5.0")
+    assert gov._config(2, 1024, kv="f16", model="m", rate=5.0, n_batch=512) is as_float
