@@ -5,7 +5,7 @@
 The same model, prompt and settings (greedy, a fixed number of tokens, streamed) on three sides:
 - in-process: `Llama.create_chat_completion(stream=True)` in this process;
 - ours: `governor engine --model` read through its Unix socket by the openai SDK (unchanged, httpx over the socket),
-  with its default stream interval (auto: 100 ms when the threads take every CPU), and "ours/every-token" with
+  with its default stream interval (auto: 200 ms when the threads take every CPU), and "ours/every-token" with
   `--stream-interval-ms 0` (a chunk per token, as before the interval existed; `--alt-interval-ms N` runs that
   side with another interval instead, "ours/N ms", to compare two intervals in the same rounds);
 - llama_cpp.server (uvicorn on a Unix socket), read by the same openai SDK client.

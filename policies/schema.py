@@ -222,7 +222,7 @@ class EngineOptions(StrictModel):
     # Idle this long -> the engine unloads its model (the next request loads it again); 0 = never. Ollama: 5 min.
     keep_alive_s: Seconds = Field(default=300.0, le=1e7)
     # A streamed answer's text leaves at most this often, several tokens a chunk (the first at once); 0 = every token;
-    # unset = auto: 100 ms when the decode threads take every CPU, else 0 (`governor engine --stream-interval-ms`).
+    # unset = auto: 200 ms when the decode threads take every CPU, else 0 (`governor engine --stream-interval-ms`).
     stream_interval_ms: float | None = Field(default=None, ge=0, le=10_000)
 
 
