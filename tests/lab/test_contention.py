@@ -51,14 +51,18 @@ def test_the_barrier_penalty_reproduces_the_measured_table(threads: int, backgro
     assert decode_rate(TWO_CORES, threads, background) == pytest.approx(measured, rel=0.05)
 
 
-def test_background_load_is_in_the_snapshot_as_other_processes_cpu() -> None:
+def beside(device: DeviceSpec, load: BackgroundLoad, *, threads: int) -> tuple[WorkloadSpec, World]:
+    """A chat workload with `load` beside it, and a world whose engine runs `threads` threads."""
     workload = WorkloadSpec(
-        name="w",
-        phase=(PhaseSpec(kind="chat", duration_s=600, think_s=(0, 0)),),
-        background_load=(BackgroundLoad(cores=1.0, from_s=10, to_s=20),),
+        name="w", phase=(PhaseSpec(kind="chat", duration_s=600, think_s=(0, 0)),), background_load=(load,)
     )
-    world = World(TWO_CORES, workload)
-    world.engine.apply(EngineConfig(threads=2, n_ctx=512, model=TWO_CORES.engine.model[0].name), 0.0)
+    world = World(device, workload)
+    world.engine.apply(EngineConfig(threads=threads, n_ctx=512, model=device.engine.model[0].name), 0.0)
+    return workload, world
+
+
+def test_background_load_is_in_the_snapshot_as_other_processes_cpu() -> None:
+    workload, world = beside(TWO_CORES, BackgroundLoad(cores=1.0, from_s=10, to_s=20), threads=2)
     world.advance_to(5.0)
     assert world.snapshot().cpu.other_cores == 0.0
     world.advance_to(15.0)
@@ -74,13 +78,7 @@ def test_many_runnable_tasks_beside_the_engine_get_a_share_each() -> None:
     """A build's 8 runnable tasks beside 4 engine threads on 4 cores: each of the 12 gets a third of a core, so the
     build gets 8/3 cores and the engine 4/3 (not 4 x 1/3 and 4/3: that left the board cooler while the engine ran)."""
     four = TWO_CORES.model_copy(update={"cpu": TWO_CORES.cpu.model_copy(update={"cores": 4})})
-    workload = WorkloadSpec(
-        name="w",
-        phase=(PhaseSpec(kind="chat", duration_s=600, think_s=(0, 0)),),
-        background_load=(BackgroundLoad(cores=8.0, from_s=0, to_s=600),),
-    )
-    world = World(four, workload)
-    world.engine.apply(EngineConfig(threads=4, n_ctx=512, model=four.engine.model[0].name), 0.0)
+    _, world = beside(four, BackgroundLoad(cores=8.0, from_s=0, to_s=600), threads=4)
     world.advance_to(5.0)
     cpu = world.snapshot().cpu
     assert cpu.engine_cores == pytest.approx(4 / 3, abs=0.01)
