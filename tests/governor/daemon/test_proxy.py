@@ -115,7 +115,9 @@ def test_a_streamed_answer_arrives_whole_and_in_order(proxied: tuple[ScriptedEng
     assert ask(public) == (200, b"".join(events))
 
 
-@pytest.mark.parametrize("target", ["/engine/pause", "/engine/pause/", "/engine/config"])
+@pytest.mark.parametrize(
+    "target", ["/engine/pause", "/engine/pause/", "/engine/config", "/%65ngine/config", "/engine/config#x"]
+)
 def test_the_public_socket_does_not_pass_on_the_engines_controls(
     proxied: tuple[ScriptedEngine, Path], target: str
 ) -> None:
