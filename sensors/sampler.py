@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar, cast
 
 import structlog
 
@@ -25,6 +25,8 @@ from sensors.root import Reader, Root
 from sensors.snapshot import Battery, Problem, Snapshot, Temperature
 from sensors.termux import DEFAULT_COMMAND, TermuxBattery, termux_detected
 from sensors.thermal import HWMON_DIR, THERMAL_DIR, Input, discover_hwmon, discover_zones, read_zone
+
+T = TypeVar("T")
 
 
 class Sampler(Protocol):
@@ -50,6 +52,14 @@ class Inventory:
     cpu_psi: bool
     denied: int
     at: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    key: tuple[object, ...]
+    at: float
+    value: object
+    problems: list[Problem]
 
 
 class StuckDetector:
@@ -98,7 +108,7 @@ class SensorSampler:
         engine_pid: Callable[[], int | None] | None = None,
         rediscover_s: float = 30.0,
         stuck_samples: int = 120,
-        battery_max_age_s: float = 0.0,
+        slow_max_age_s: float = 0.0,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.root = root if isinstance(root, Root) else Root(root)
@@ -112,12 +122,14 @@ class SensorSampler:
         self._load = LoadReader(self.root)
         self.engine_pid = engine_pid  # whose CPU time is the engine's own, not "another process" (the daemon sets it)
         self.rediscover_s = rediscover_s
-        # Power supplies are read at most this often (0: every sample). Fuel gauges update every few seconds and a
-        # charger plugged or pulled is a uevent (a rediscovery, so a fresh read); at the 0.25 s mitigating tick the
-        # ~10 battery files were a quarter of the daemon's tick (issue 16). A power_supply uevent (supply_changed())
-        # makes the next sample read them again.
-        self.battery_max_age_s = battery_max_age_s
-        self._battery: tuple[Inventory, int, float, Battery | None, list[Problem]] | None = None
+        # The slow readings, power supplies and memory, are read at most this often (0: every sample): the fast
+        # (mitigating) tick is for the thermal controller, as thermald's fast poll reads only temperatures. Fuel
+        # gauges update every few seconds, PSI's avg10 is a 10 s mean, and 1 s is the pace of an ordinary tick; at
+        # the 0.25 s tick the ~10 battery files were a quarter of the daemon's tick and memory a tenth (issue 16).
+        # A charger plugged or pulled is a uevent: supply_changed() (or a rediscovery) makes the next sample read
+        # the supplies again.
+        self.slow_max_age_s = slow_max_age_s
+        self._kept: dict[str, _Kept] = {}
         self._supply_events = 0
         self._monotonic = monotonic
         self._stuck = StuckDetector(stuck_samples)
@@ -137,15 +149,17 @@ class SensorSampler:
         any thread: a reading taken while the event arrived is not reused."""
         self._supply_events += 1
 
-    def _read_battery(self, reader: Reader, inv: Inventory, now: float) -> Battery | None:
-        last, events = self._battery, self._supply_events
-        if last is not None and last[:2] == (inv, events) and now - last[2] < self.battery_max_age_s:
-            reader.problems.extend(last[4])
-            return last[3]
+    def _slow(self, name: str, key: tuple[object, ...], now: float, reader: Reader, read: Callable[[], T]) -> T:
+        """`read()`, or its last value (and the problems it reported) if younger than `slow_max_age_s` and taken
+        under the same `key` (the inventory, the supply events)."""
+        last = self._kept.get(name)
+        if last is not None and last.key == key and now - last.at < self.slow_max_age_s:
+            reader.problems.extend(last.problems)
+            return cast(T, last.value)
         before = len(reader.problems)
-        battery = read_battery(reader, list(inv.supplies))
-        self._battery = (inv, events, now, battery, reader.problems[before:])
-        return battery
+        value = read()
+        self._kept[name] = _Kept(key, now, value, reader.problems[before:])
+        return value
 
     def _discover(self, reader: Reader, now: float) -> Inventory:
         self.root.release()  # files read every sample are opened again: none outlives a discovery period
@@ -207,7 +221,8 @@ class SensorSampler:
             temperatures.append(
                 Temperature(source=gone.source, kind=gone.kind, label=gone.label, temp_c=None, trips=gone.trips)
             )
-        battery = self._read_battery(reader, inv, now)
+        key = (inv, self._supply_events)
+        battery = self._slow("battery", key, now, reader, lambda: read_battery(reader, list(inv.supplies)))
         if self.termux is not None and (battery is None or battery.percent is None):
             from_termux, problems = self.termux.latest()
             reader.problems.extend(problems)
@@ -220,7 +235,9 @@ class SensorSampler:
         snapshot = Snapshot(
             temperatures=tuple(temperatures),
             battery=battery,
-            memory=read_memory(reader, self.root, meminfo=inv.meminfo, psi=inv.psi),
+            memory=self._slow(
+                "memory", (inv,), now, reader, lambda: read_memory(reader, self.root, meminfo=inv.meminfo, psi=inv.psi)
+            ),
             cpu=read_cpu(reader, inv.cpus, util, load),
             problems=tuple(reader.problems),
         )
@@ -300,7 +317,7 @@ def make_sampler(
     termux_timeout_s: float = 3.0,
     environ: Mapping[str, str] = os.environ,
     engine_pid: Callable[[], int | None] | None = None,
-    battery_max_age_s: float = 0.0,
+    slow_max_age_s: float = 0.0,
 ) -> Sampler:
     """sysfs when the tree is there (any Linux, or a fake tree under `root`); psutil otherwise (macOS, Windows).
 
@@ -317,5 +334,5 @@ def make_sampler(
         termux_cmd=termux_cmd,
         termux_timeout_s=termux_timeout_s,
         engine_pid=engine_pid,
-        battery_max_age_s=battery_max_age_s,
+        slow_max_age_s=slow_max_age_s,
     )

@@ -127,10 +127,10 @@ def test_phone_charger_internals_do_not_count_as_external_power(tree: FakeTree) 
     assert battery.plugged is False
 
 
-def test_a_fast_tick_reads_the_battery_at_most_every_battery_max_age_s(tree: FakeTree) -> None:
+def test_a_fast_tick_reads_the_battery_at_most_every_slow_max_age_s(tree: FakeTree) -> None:
     tree.battery(capacity=80)
     now = [100.0]
-    sampler = SensorSampler(tree.root, cpu_util=None, battery_max_age_s=1.0, monotonic=lambda: now[0])
+    sampler = SensorSampler(tree.root, cpu_util=None, slow_max_age_s=1.0, monotonic=lambda: now[0])
 
     def percent() -> float | None:
         battery = sampler.sample().battery
@@ -154,7 +154,7 @@ def test_a_fast_tick_reads_the_battery_at_most_every_battery_max_age_s(tree: Fak
 def test_a_battery_problem_stays_reported_while_the_reading_is_reused(tree: FakeTree) -> None:
     tree.battery(capacity="garbage")
     now = [100.0]
-    sampler = SensorSampler(tree.root, cpu_util=None, battery_max_age_s=1.0, monotonic=lambda: now[0])
+    sampler = SensorSampler(tree.root, cpu_util=None, slow_max_age_s=1.0, monotonic=lambda: now[0])
     first = sampler.sample().problems
     now[0] += 0.25
     assert [p for p in sampler.sample().problems if "capacity" in p.path] == [p for p in first if "capacity" in p.path]

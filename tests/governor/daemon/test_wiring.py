@@ -51,7 +51,7 @@ def test_a_power_supply_change_uevent_makes_the_woken_tick_read_the_supply(tmp_p
     tree = FakeTree(tmp_path)
     tree.battery(status="Charging", capacity=50)
     tree.mains(online=1)
-    sampler = SensorSampler(tmp_path, cpu_util=None, battery_max_age_s=3600.0)  # the daemon's cap, made long
+    sampler = SensorSampler(tmp_path, cpu_util=None, slow_max_age_s=3600.0)  # the daemon's cap, made long
     battery = sampler.sample().battery
     assert battery is not None
     assert battery.plugged is True
