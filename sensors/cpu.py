@@ -9,6 +9,7 @@ Without a utilisation figure only the first rule applies.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -25,7 +26,9 @@ _CPU_RE = re.compile(r"cpu(\d+)$")
 
 @dataclass(frozen=True, slots=True)
 class Core:
-    number: int
+    """The CPUs that share one clock (a cpufreq policy: `cpuN/cpufreq` links to `cpufreq/policyP`), read once."""
+
+    numbers: tuple[int, ...]
     cur_path: str
     scaling_max_path: str | None  # absent on a few drivers: then only the load rule can say "throttled"
     max_khz: float  # cpuinfo_max_freq: the hardware's limit does not change while running
@@ -38,19 +41,23 @@ class CpuInventory:
 
 
 def discover_cpus(root: Root, reader: Reader) -> CpuInventory:
+    """The CPUs with cpufreq, grouped by the policy directory their `cpufreq` resolves to (a Pi's four cores: one
+    policy, two files a sample instead of eight; a fake tree's per-CPU directories: one group each)."""
     base = root.path(CPU_DIR)
-    cores: list[Core] = []
+    groups: dict[str, list[int]] = {}
     for number in sorted(int(m.group(1)) for m in map(_CPU_RE.match, reader.listdir(base)) if m):
-        freq = f"{base}/cpu{number}/cpufreq"
+        groups.setdefault(os.path.realpath(f"{base}/cpu{number}/cpufreq"), []).append(number)
+    cores: list[Core] = []
+    for numbers in groups.values():
+        freq = f"{base}/cpu{numbers[0]}/cpufreq"
         if not root.exists(f"{freq}/scaling_cur_freq") or reader.is_denied(f"{freq}/scaling_cur_freq"):
             continue
         max_khz = reader.number(f"{freq}/cpuinfo_max_freq")
         if not max_khz or max_khz <= 0:
             continue
         scaling_max = f"{freq}/scaling_max_freq"
-        cores.append(
-            Core(number, f"{freq}/scaling_cur_freq", scaling_max if root.exists(scaling_max) else None, max_khz)
-        )
+        cur, cap = f"{freq}/scaling_cur_freq", scaling_max if root.exists(scaling_max) else None
+        cores.append(Core(tuple(numbers), cur, cap, max_khz))
     online = f"{base}/online"
     return CpuInventory(tuple(cores), online if root.exists(online) else None)
 
@@ -75,18 +82,19 @@ def read_cpu(reader: Reader, inventory: CpuInventory, util_percent: float | None
                 online = parse_cpu_list(text)
             except ValueError:
                 reader.problem(inventory.online_path, f"not a cpu list: {text[:40]!r}")
-    ratios: list[float] = []
+    ratio_sum, ratio_cpus = 0.0, 0
     capped = False
     for core in inventory.cores:
-        if online is not None and core.number not in online:
+        cpus = len(core.numbers) if online is None else sum(n in online for n in core.numbers)
+        if not cpus:
             continue
         cur = reader.number(core.cur_path)
         if cur is not None:
-            ratios.append(min(cur / core.max_khz, 1.0))
+            ratio_sum, ratio_cpus = ratio_sum + min(cur / core.max_khz, 1.0) * cpus, ratio_cpus + cpus
         cap = reader.number(core.scaling_max_path) if core.scaling_max_path else None
         if cap is not None and cap < core.max_khz:
             capped = True
-    ratio = sum(ratios) / len(ratios) if ratios else None
+    ratio = ratio_sum / ratio_cpus if ratio_cpus else None  # the mean over online CPUs
     throttled: bool | None = None
     if inventory.cores:
         starved = (
@@ -96,7 +104,7 @@ def read_cpu(reader: Reader, inventory: CpuInventory, util_percent: float | None
             and ratio < STARVED_RATIO
         )
         throttled = capped or starved
-    count = len(online) if online is not None else (len(inventory.cores) or None)
+    count = len(online) if online is not None else (sum(len(c.numbers) for c in inventory.cores) or None)
     return Cpu(
         freq_ratio=ratio,
         throttled=throttled,

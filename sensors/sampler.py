@@ -280,7 +280,8 @@ class SensorSampler:
         else:
             notes.append("no battery (no power_supply devices)")
         if inv.cpus.cores:
-            notes.append(f"cpufreq for {len(inv.cpus.cores)} CPUs")
+            cpus, policies = sum(len(c.numbers) for c in inv.cpus.cores), len(inv.cpus.cores)
+            notes.append(f"cpufreq for {cpus} CPUs ({policies} polic{'y' if policies == 1 else 'ies'})")
         else:
             notes.append(f"no CPU frequency (no cpufreq under {shown(CPU_DIR)})")
         if not inv.meminfo:

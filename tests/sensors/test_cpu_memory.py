@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sensors.cpu import parse_cpu_list
+from sensors.root import Root
 from sensors.sampler import SensorSampler
 from sensors.snapshot import Cpu, Memory
 from tests.sensors.tree import FakeTree
@@ -53,6 +56,35 @@ def test_offline_cpus_are_left_out(tree: FakeTree) -> None:
     tree.write("sys/devices/system/cpu/online", "0-1,3")
     cpu = cpu_of(tree)
     assert (cpu.count, cpu.freq_ratio, cpu.throttled) == (3, 0.5, False)
+
+
+class CountingRoot(Root):
+    def __init__(self, prefix: Path) -> None:
+        super().__init__(prefix)
+        self.reads: list[str] = []
+
+    def read(self, path: str) -> bytes:
+        self.reads.append(self.display(path))
+        return super().read(path)
+
+
+def test_cpus_sharing_a_clock_are_read_once_per_policy_and_weighted_by_online_cpus(tree: FakeTree) -> None:
+    # An 8-core big.LITTLE phone: cpu0-3 share policy0, cpu4-7 policy4 (cpuN/cpufreq links there, as on the kernel).
+    tree.cluster(0, range(4), max_khz=1_800_000)
+    tree.cluster(4, range(4, 8), max_khz=2_400_000, scaling_max_khz=1_200_000)
+    tree.write("sys/devices/system/cpu/cpufreq/policy0/scaling_cur_freq", 1_800_000)
+    tree.write("sys/devices/system/cpu/cpufreq/policy4/scaling_cur_freq", 1_200_000)
+    tree.write("sys/devices/system/cpu/online", "0-2,4-7")  # cpu3 unplugged
+    root = CountingRoot(tree.root)
+    sampler = SensorSampler(root, cpu_util=None)
+    sampler.inventory()
+    root.reads.clear()
+    cpu = sampler.sample().cpu
+    assert (cpu.count, cpu.throttled) == (7, True)
+    assert cpu.freq_ratio == pytest.approx((3 * 1.0 + 4 * 0.5) / 7)  # the mean over the online CPUs
+    freq_reads = [p for p in root.reads if "cpufreq" in p]
+    assert len(freq_reads) == 4  # cur and cap of each policy, not of each CPU
+    assert "cpufreq for 8 CPUs (2 policies)" in sampler.notes()
 
 
 def test_no_cpufreq_means_unknown_not_zero(tree: FakeTree) -> None:
