@@ -139,9 +139,13 @@ def ticks(daemon: DaemonProc) -> int:
 
 def this_machines_cpus(root: Path) -> FakeTree:
     """The test device tree with as many CPUs online as this machine has: with more, the policy gives the engine more
-    threads than cores, and the engine's CPU (spun at llama.cpp's barriers) would make the daemon's share look small."""
+    threads than cores, and the engine's CPU (spun at llama.cpp's barriers) would make the daemon's share look small.
+    Laid out as a Pi's: one cpufreq policy for every core (cpuN/cpufreq links to cpufreq/policy0), which the daemon
+    may cap (it runs as root there)."""
     tree = device_tree(root)
-    tree.cpus(len(os.sched_getaffinity(0)))
+    cpus = len(os.sched_getaffinity(0))
+    tree.cluster(0, range(cpus))
+    tree.write("sys/devices/system/cpu/online", f"0-{cpus - 1}" if cpus > 1 else "0")
     return tree
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import shutil
 import sys
 import tempfile
@@ -24,13 +23,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the fake-tree builder lives in tests/
 
+from bench.bench_footprint import this_machines_cpus
 from governor import logs
 from governor.clock import RealClock
 from governor.daemon.app import build
 from governor.daemon.client import ControlClient
 from governor.daemon.config import load_config
 from governor.engine.demo import write_demo_models
-from tests.governor.daemon.daemon_proc import device_tree
 from tests.helpers import eventually
 
 REPO = Path(__file__).resolve().parent.parent
@@ -71,8 +70,7 @@ def main() -> int:
     args = parser.parse_args()
     logs.configure(level=logging.WARNING)
     work, sockets = Path(tempfile.mkdtemp(prefix="gvt", dir="/tmp")), Path(tempfile.mkdtemp(prefix="gvs", dir="/tmp"))
-    tree = device_tree(work / "root")
-    tree.cpus(len(os.sched_getaffinity(0)))
+    tree = this_machines_cpus(work / "root")
     tree.write("sys/class/power_supply/BAT0/capacity", 90)
     (work / "policy.toml").write_text((REPO / "policies" / "profiles" / "default.toml").read_text())
     (work / "governor.toml").write_text("[restart]\ninitial_s = 0.2\n")
