@@ -313,6 +313,7 @@ class PowerAllocator:
         self._freq_t = -math.inf
         self._rate: float | None = None  # the rate cap last allocated
         self._guard_c = policy.power.guard_margin_c
+        self._budget_freq: float | None = None  # the top clock the last budget allowed: the ramp's start
         self._last_temp: float | None = None  # the binding zone's reading at the last tick in hot (the guard's)
 
     @property
@@ -345,9 +346,13 @@ class PowerAllocator:
         full = self.model.load(self.full_threads(cpus), 1.0)
         return min(u, self.model.load(threads, below[-1]) / full)
 
-    def allocate(self, u: float, cpus: int | None, *, prefill: bool = False) -> Choice:
+    def allocate(self, u: float, cpus: int | None, *, prefill: bool = False, contended: bool = False) -> Choice:
         """`prefill`: the engine is busy with no tokens coming (a prompt): compute-bound, the clock is worth all of
-        its watts; while decoding at the memory ceiling the clock above the crossover buys nothing."""
+        its watts; while decoding at the memory ceiling the clock above the crossover buys nothing.
+        `contended`: other processes hold cores: decode is paced by the engine's share of them, most of the clock's
+        watts are theirs, and the model learns nothing (a ceiling not yet found stays unknown). Then the clock one step
+        under the budget's is tried even when the budget does not bind, as step_wise takes a step at the trip (a build
+        beside the chat on the fanless laptop: the top clock at 94.5 °C where `none` ran at 93 %, same tokens)."""
         full = self.full_threads(cpus)
         ratios = self.ratios or (1.0,)
         choice = allocate(
@@ -360,7 +365,11 @@ class PowerAllocator:
             max_rate=self.hot.rate_range[1],
             prefill=prefill,
         )
-        if not prefill and u < 1.0:
+        limit = max(0.0, u) * full * (1 + 1e-9)  # the top clock within the budget (load rises with f)
+        self._budget_freq = next(
+            (r for r in reversed(ratios) if self.model.load(choice.threads, r) <= limit), choice.freq_ratio
+        )
+        if not prefill and (u < 1.0 or contended):
             choice = self._explore(choice, ratios)
         last, rate = self._rate, choice.rate
         speed = self.model.speed(choice.threads, choice.freq_ratio)
@@ -414,13 +423,19 @@ class PowerAllocator:
         self.model.observe(threads, freq, engine.tokens_per_s, rate_cap, watts)
 
     def freq_now(self, t: float, recover_step_s: float) -> float | None:
-        """The clock cap: the allocator's in hot and critical; coming back it rises a tenth of the top clock per
-        recover step (thermald un-throttles one step at a time), as threads come back one at a time."""
+        """The clock cap: the allocator's in hot and critical; coming back it starts from the clock the last budget
+        allowed and rises a tenth of the top clock per recover step (thermald un-throttles one step at a time), as
+        threads come back one at a time."""
         if self.choice is None:
             self._last_temp = None  # the guard compares readings in hot only
         if self.choice is not None:
             self._freq_t = t
             self.freq = None if self.choice.freq_ratio >= 1.0 else self.choice.freq_ratio
+        elif self._budget_freq is not None:  # the first tick out of hot: the ramp starts from the budget's clock,
+            # not from one chosen lower at the memory ceiling for energy, which the next prompt would pay for
+            if self.freq is not None and self._budget_freq > self.freq:
+                self.freq = None if self._budget_freq >= 1.0 else self._budget_freq
+            self._budget_freq = None
         elif self.freq is not None and self.ratios is not None and t - self._freq_t >= recover_step_s:
             self._freq_t = t
             up = next((r for r in self.ratios if r >= self.freq + FREQ_STEP - 1e-9), 1.0)

@@ -87,6 +87,7 @@ class StateMachine:
         self._pi_u: float | None = None
         self._cpus: int | None = None  # online CPUs at this tick (None: unknown)
         self._prefill = False  # the engine is busy with a prompt (no tokens yet): compute-bound
+        self._contended = False  # other processes hold cores (the device model learns nothing then)
         self._threads_t = -math.inf  # when threads last changed (recovery steps count from there)
         self._budget: float | None = None  # memory budget after input hysteresis
         self._budget_raw = 0.0  # ... before PSI's shrink
@@ -147,9 +148,8 @@ class StateMachine:
         pin = min(pins, key=RANK.__getitem__) if pins else None
         label = self.state if (pin is None or self.state in MITIGATING) else pin
         prev = self.last.engine if self.last is not None else None
-        if prev is not None and not self._fit_threads.contended(
-            snapshot.cpu
-        ):  # the device model is of the device alone
+        self._contended = self._fit_threads.contended(snapshot.cpu)
+        if prev is not None and not self._contended:  # the device model is of the device alone
             rate_cap, freq = prev.max_tokens_per_s, snapshot.cpu.freq_ratio
             self.power.observe(prev.threads, rate_cap, freq, engine, battery=sense.battery, on_power=sense.on_power)
         self.power.choice, self._cpus = None, snapshot.cpu.count
@@ -322,7 +322,7 @@ class StateMachine:
                     # Back-calculation: the PI goes on from the budget in force, not from the one the guard overrode.
                     self._pi.start(view.setpoint_c, view.temp_c, guarded, t)
                     self._pi_u = u = guarded
-                choice = self.power.allocate(u, self._cpus, prefill=self._prefill)
+                choice = self.power.allocate(u, self._cpus, prefill=self._prefill, contended=self._contended)
                 active.append(self._limits[State.HOT].at(choice.threads, choice.rate))
         else:
             self._pi, self._pi_u = None, None

@@ -195,6 +195,35 @@ def test_decoding_at_the_ceiling_tries_lower_clocks_down_to_the_crossover() -> N
     assert power.allocate(0.95, 4, prefill=True).freq_ratio == 0.9  # a prompt is compute-bound: the budget's clock
 
 
+def test_beside_others_work_the_clock_steps_under_a_budget_that_does_not_bind() -> None:
+    """Contended, the model learns nothing and the ceiling stays unknown: at the top clock the watts go mostly to the
+    others' work while decode is paced by the engine's share of the cores. A step under, as the kernel's at the trip."""
+    power = PowerAllocator(make_policy(states={"hot": {"threads": 4, "min_threads": 1}}), RATIOS, None)
+    power.model.observe(4, 1.0, memory_bound(1.0), None, None)  # the top clock only: no ceiling known
+    assert power.model.ceiling is None
+    assert power.allocate(1.0, 4).freq_ratio == 1.0  # alone, the budget does not bind: nothing to save
+    assert power.allocate(1.0, 4, contended=True).freq_ratio == 0.9
+    assert power.allocate(1.0, 4, contended=True, prefill=True).freq_ratio == 1.0  # a prompt: compute-bound
+
+
+def test_out_of_hot_the_cap_comes_back_from_the_budgets_clock_not_the_ceilings() -> None:
+    """At the memory ceiling the allocator decodes at the crossover clock for energy; that is no thermal limit, so
+    leaving hot the ramp starts from the clock the budget allowed (here the top one: the cap lifts at once) and the
+    next prompt, compute-bound, does not start at the crossover clock."""
+    power = PowerAllocator(make_policy(states={"hot": {"threads": 4, "min_threads": 1}}), RATIOS, None)
+    for freq in (1.0, 0.9) * 5:
+        power.model.observe(4, freq, memory_bound(freq), None, None)
+    assert power.allocate(1.0, 4).freq_ratio == 0.9  # the same 4.2 tok/s for less power (a = 4.2 / 3.6 learned)
+    assert power.freq_now(100.0, 10.0) == 0.9
+    power.choice = None  # out of hot
+    assert power.freq_now(101.0, 10.0) is None  # the budget allowed the top clock
+    assert power.allocate(0.5, 4).freq_ratio == 0.7  # a binding budget: 4 x 0.8^2.5 = 2.29 > 2 load units
+    assert power.freq_now(200.0, 10.0) == 0.7
+    power.choice = None
+    assert power.freq_now(201.0, 10.0) == 0.7  # the budget's clock is the ramp's start ...
+    assert power.freq_now(210.0, 10.0) == 0.8  # ... then a step per recover step
+
+
 def guarded(margin_c: float) -> StateMachine:
     policy = load_policy("default")
     power = policy.power.model_copy(update={"guard_margin_c": margin_c})
