@@ -5,8 +5,10 @@ tree: one zone at 45 °C with an 80 °C trip, battery 90 % on mains, as many CPU
   idle        calm, the engine loaded, no requests; `llama_cpp.server` on the same GGUF, idle, measured side by side
   generating  answers streamed back to back through the engine's socket; the daemon's CPU as a share of the engine's
   mitigating  the zone at 90 °C: hot, the loop at its fast interval, the engine idle
-CPU is the sum of /proc/PID/task/*/schedstat run time (ns, every live thread; a thread that ended during the window
-is missing, /proc/PID/stat's utime+stime, 10 ms ticks, is printed beside it as a check). Wake-ups are the
+The daemon runs as under systemd/governor.service: its sd_notify messages (STATUS, WATCHDOG) go to a socket the
+script reads, and their rate is printed (each one wakes PID 1). CPU is the sum of /proc/PID/task/*/schedstat run
+time (ns, every live thread; a thread that ended during the window is missing, /proc/PID/stat's utime+stime, 10 ms
+ticks, is printed beside it as a check). Wake-ups are the
 schedstat run counts (times a thread was put on a CPU). These survive a shared machine's load: they count what the
 process did, not how long the wall clock took. The per-thread table shows what still wakes.
 Goals (issue 16): idle daemon + engine <= 0.05 s/min; generating daemon <= 1 % of the engine; mitigating daemon
@@ -34,7 +36,7 @@ from bench.engine_common import llama_cpp_server, llama_cpp_server_env, served
 from governor.engine.client import EngineClient
 from governor.engine.demo import write_demo_models
 from policies.ladder import load_ladder
-from tests.governor.daemon.daemon_proc import DaemonProc, device_tree
+from tests.governor.daemon.daemon_proc import DaemonProc, NotifySocket, device_tree
 from tests.helpers import eventually
 from tests.sensors.tree import FakeTree
 
@@ -45,6 +47,8 @@ GENERATING_GOAL = 0.01
 MITIGATING_GOAL_S_PER_MIN = 0.3
 ZONE = "sys/class/thermal/thermal_zone0/temp"
 PHASES = ["idle", "generating", "mitigating"]
+UNIT_WATCHDOG_S = 30  # systemd/governor.service's WatchdogSec
+NOTIFY: list[NotifySocket | None] = [None]  # the stand-in for systemd's notify socket, while a daemon runs
 
 
 @dataclass
@@ -96,9 +100,12 @@ def usage(before: Sample, after: Sample, seconds: float) -> Usage:
 
 def measure(pids: dict[str, int], seconds: float) -> dict[str, Usage]:
     before = {name: sample(pid) for name, pid in pids.items()}
+    notified = len(NOTIFY[0].drain()) if NOTIFY[0] is not None else 0
     t0 = time.monotonic()
     time.sleep(seconds)
     elapsed = time.monotonic() - t0
+    if NOTIFY[0] is not None:
+        print(f"  sd_notify messages to systemd: {(len(NOTIFY[0].drain()) - notified) / elapsed:.2f}/s")
     return {name: usage(before[name], sample(pid), elapsed) for name, pid in pids.items()}
 
 
@@ -151,14 +158,18 @@ def this_machines_cpus(root: Path) -> FakeTree:
 
 @contextlib.contextmanager
 def governed(work: Path, ladder: Path) -> Iterator[DaemonProc]:
+    """The daemon as systemd runs it: its sd_notify messages (each wakes PID 1) go to `NOTIFY` and are counted."""
     policy = (REPO / "policies" / "profiles" / "default.toml").read_text()
     sockdir = Path(tempfile.mkdtemp(prefix="gvf", dir="/tmp"))
-    daemon = DaemonProc(work / "daemon", sockdir, ladder, policy=policy, tree=this_machines_cpus)
+    notify = NOTIFY[0] = NotifySocket(sockdir / "notify")
+    env = {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": str(UNIT_WATCHDOG_S * 1_000_000)}
+    daemon = DaemonProc(work / "daemon", sockdir, ladder, policy=policy, tree=this_machines_cpus, env=env)
     try:
         daemon.tree.write("sys/class/power_supply/BAT0/capacity", 90)
         yield daemon
     finally:
         daemon.stop()
+        notify.close()
         shutil.rmtree(sockdir, ignore_errors=True)
 
 

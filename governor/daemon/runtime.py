@@ -30,7 +30,7 @@ from governor.daemon.notify import Notifier
 from governor.daemon.state import DaemonState
 from governor.daemon.supervisor import EngineSupervisor, SupervisedDecider
 from governor.loop import Decider, GovernorLoop
-from policies.decision import Decision, Hold
+from policies.decision import Decision, Hold, State
 from sensors.snapshot import EngineObservation, Snapshot, TraceRecord
 
 if TYPE_CHECKING:
@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 
 RELOAD_WAIT_S = 30.0
 ERROR_PAUSE_S = 1.0  # after a tick that failed unexpectedly, the next try comes this much later
+# systemd's STATUS= line: a new state at once, a new reason in the same state at most this often. While mitigating
+# the reason changes every 0.25 s tick (the temperature, the PI output), and each message wakes PID 1.
+STATUS_EVERY_S = 5.0
 
 
 class Closeable(Protocol):
@@ -90,6 +93,7 @@ class Daemon:
         self.last_error: str | None = None  # the latest unexpected failure in the loop, for status
         self._ready_sent = False
         self._status_sent = ""
+        self._status_sent_at: tuple[float, State | None] = (float("-inf"), None)  # when, and in which state
         self._log = structlog.get_logger("governor.daemon")
         self.control = ControlServer(config.control_socket, self, group=config.group)
         loop.before_tick.append(self._between_ticks)
@@ -213,7 +217,7 @@ class Daemon:
             line += f" [reload failed: {self.policy_error}]"
         return line[:400]
 
-    def _after_tick(self, t: float, _s: Snapshot, _o: EngineObservation | None, _decision: Decision) -> None:
+    def _after_tick(self, t: float, _s: Snapshot, _o: EngineObservation | None, decision: Decision) -> None:
         if self._ready_sent:  # systemd arms the watchdog once start-up is complete (READY=1): no pings before
             self.notifier.watchdog(t)
         line = self._status_line()
@@ -222,11 +226,13 @@ class Daemon:
             # Ready once sensors gave a sample and the engine answers (or supervision gave up, or waits for memory:
             # say so, not crash).
             self.notifier.ready(line)
-            self._ready_sent, self._status_sent = True, line
+            self._ready_sent, self._status_sent, self._status_sent_at = True, line, (t, decision.state)
             self._log.info("ready", status=line)
-        elif line != self._status_sent:
+        elif line != self._status_sent and (
+            decision.state != self._status_sent_at[1] or t - self._status_sent_at[0] >= STATUS_EVERY_S
+        ):
             self.notifier.status(line)
-            self._status_sent = line
+            self._status_sent, self._status_sent_at = line, (t, decision.state)
 
     # -- the control API (server threads) -----------------------------------------------------------------------
     def now(self) -> float:

@@ -4,7 +4,7 @@ import socket
 import uuid
 
 from governor.daemon.notify import Notifier
-from tests.governor.daemon.conftest import NotifySocket
+from tests.governor.daemon.daemon_proc import NotifySocket
 
 
 def test_messages_reach_the_notify_socket(notify_socket: NotifySocket) -> None:

@@ -14,8 +14,7 @@ import pytest
 
 from govbase.errors import GovernorError
 from policies.replay import read_trace
-from tests.governor.daemon.conftest import NotifySocket
-from tests.governor.daemon.daemon_proc import DaemonProc
+from tests.governor.daemon.daemon_proc import DaemonProc, NotifySocket
 from tests.helpers import eventually
 
 pytestmark = pytest.mark.slow
@@ -130,6 +129,24 @@ def test_sd_notify_ready_status_watchdog_stopping(
     assert all("READY" not in m and "WATCHDOG" not in m for m in messages[stopping[0] :])  # the loop has ended
     assert min(i for i, m in enumerate(messages) if "READY" in m) < stopping[0]
     assert not d.control.exists()  # restored: its socket is gone
+
+
+def test_mitigating_tells_systemd_a_new_state_at_once_and_a_new_reason_at_most_every_5_s(
+    tmp_path: Path, sock_dir: Path, demo_ladder: Path, notify_socket: NotifySocket
+) -> None:
+    d = DaemonProc(tmp_path, sock_dir, demo_ladder, env={"NOTIFY_SOCKET": str(notify_socket.path)})
+    try:
+        d.wait_ready()
+        d.tree.write("sys/class/thermal/thermal_zone0/temp", 90000)
+        eventually(lambda: d.status()["state"] == "hot", timeout_s=30)
+        eventually(lambda: any(m.get("STATUS", "").startswith("hot") for m in notify_socket.messages), timeout_s=2.5)
+        hot_ticks, seen = int(d.status()["ticks"]), len(notify_socket.drain())
+        eventually(lambda: int(d.status()["ticks"]) - hot_ticks >= 16, timeout_s=30)  # 4 s of 0.25 s ticks
+        assert d.status()["state"] == "hot"
+    finally:
+        assert d.stop() == 0
+    statuses = [m for m in notify_socket.drain()[seen:] if "STATUS" in m and "STOPPING" not in m]
+    assert len(statuses) <= 1, statuses  # one a tick (16) before: each wakes PID 1
 
 
 def test_sockets_are_owner_only_or_group_when_configured(
