@@ -161,7 +161,7 @@ def governed(work: Path, ladder: Path) -> Iterator[DaemonProc]:
     """The daemon as systemd runs it: its sd_notify messages (each wakes PID 1) go to `NOTIFY` and are counted."""
     policy = (REPO / "policies" / "profiles" / "default.toml").read_text()
     sockdir = Path(tempfile.mkdtemp(prefix="gvf", dir="/tmp"))
-    notify = NOTIFY[0] = NotifySocket(sockdir / "notify")
+    notify = NOTIFY[0] = NotifySocket(sockdir / "notify", poll_s=1.0)
     env = {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": str(UNIT_WATCHDOG_S * 1_000_000)}
     daemon = DaemonProc(work / "daemon", sockdir, ladder, policy=policy, tree=this_machines_cpus, env=env)
     try:
