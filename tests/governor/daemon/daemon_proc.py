@@ -166,14 +166,14 @@ class NotifySocket:
     """A real AF_UNIX datagram socket standing in for systemd's NOTIFY_SOCKET.
 
     Read continuously on a thread, as systemd does: a datagram socket nobody reads fills up after a few messages,
-    and the sender then blocks. The thread waits up to `poll_s` per read (a benchmark's should rarely wake).
+    and the sender then blocks.
     """
 
-    def __init__(self, path: Path, poll_s: float = 0.05) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(str(path))
-        self.sock.settimeout(poll_s)
+        self.sock.settimeout(0.05)
         self.messages: list[dict[str, str]] = []
         self._lock = threading.Lock()
         self._closed = threading.Event()
