@@ -136,14 +136,14 @@ class Generator(threading.Thread):
         super().__init__(daemon=True)
         self.client = EngineClient(socket_path, timeout_s=30)
         self.stop = threading.Event()
-        self.tokens = 0
+        self.chunks = 0  # chunks with text (each carries the tokens of one stream interval)
 
     def run(self) -> None:
         prompt = [{"role": "user", "content": "Tell me a long story."}]
         while not self.stop.is_set():
             model = self.client.status().model  # the tier the governor loaded
             for chunk in self.client.stream_chat(prompt, model=model, max_tokens=128, ignore_eos=True):
-                self.tokens += bool(chunk.get("choices") and chunk["choices"][0]["delta"].get("content"))
+                self.chunks += bool(chunk.get("choices") and chunk["choices"][0]["delta"].get("content"))
                 if self.stop.is_set():
                     break
         self.client.close()
@@ -215,16 +215,21 @@ def idle_phase(daemon: DaemonProc, engine_pid: int, ladder_path: Path, work: Pat
     print(f"  engine ÷ llama_cpp.server idle: {ours_vs_peer:.3f}")
 
 
+def generated(daemon: DaemonProc) -> int:
+    """The engine's count of tokens generated (a streamed chunk carries several: the stream interval)."""
+    return int((daemon.engine.status().model_extra or {})["tokens_generated_total"])
+
+
 def generating_phase(daemon: DaemonProc, engine_pid: int, seconds: float) -> None:
     gen = Generator(daemon.engine_socket)
     gen.start()
-    eventually(lambda: gen.tokens > 5, timeout_s=60)
-    t0, tokens0 = ticks(daemon), gen.tokens
+    eventually(lambda: gen.chunks > 5, timeout_s=60)
+    t0, tokens0, chunks0 = ticks(daemon), generated(daemon), gen.chunks
     busy = measure({"daemon": daemon.proc.pid, "engine": engine_pid}, seconds)
-    n, tokens = ticks(daemon) - t0, gen.tokens - tokens0
+    n, tokens, chunks = ticks(daemon) - t0, generated(daemon) - tokens0, gen.chunks - chunks0
     gen.stop.set()
     gen.join(60)
-    show("generating: answers back to back", busy, seconds, f", {n} daemon ticks, {tokens} tokens")
+    show("generating: answers back to back", busy, seconds, f", {n} daemon ticks, {tokens} tokens in {chunks} chunks")
     share = busy["daemon"].cpu_s_per_min / max(busy["engine"].cpu_s_per_min, 1e-9)
     goal = GENERATING_GOAL
     print(f"  daemon ÷ engine: {share:.4f}   ratio to the {goal:.0%} goal: {share / goal:.2f}")
