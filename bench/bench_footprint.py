@@ -164,15 +164,17 @@ def ticks(daemon: DaemonProc) -> int:
     return int(daemon.status()["ticks"])
 
 
-def this_machines_cpus(root: Path) -> FakeTree:
-    """The test device tree with as many CPUs online as this machine has: with more, the policy gives the engine more
-    threads than cores, and the engine's CPU (spun at llama.cpp's barriers) would make the daemon's share look small.
+def footprint_tree(root: Path) -> FakeTree:
+    """The test device tree (battery at 90 % on mains) with as many CPUs online as this machine has: with more, the
+    policy gives the engine more threads than cores, and the engine's CPU (spun at llama.cpp's barriers) would make
+    the daemon's share look small.
     Laid out as a Pi's: one cpufreq policy for every core (cpuN/cpufreq links to cpufreq/policy0), which the daemon
     may cap (it runs as root there)."""
     tree = device_tree(root)
     cpus = len(os.sched_getaffinity(0))
     tree.cluster(0, range(cpus))
     tree.write("sys/devices/system/cpu/online", f"0-{cpus - 1}" if cpus > 1 else "0")
+    tree.write("sys/class/power_supply/BAT0/capacity", 90)  # on mains and far from low: calm
     return tree
 
 
@@ -183,9 +185,8 @@ def governed(work: Path, ladder: Path) -> Iterator[DaemonProc]:
     sockdir = Path(tempfile.mkdtemp(prefix="gvf", dir="/tmp"))
     notify = NOTIFY[0] = Systemd(sockdir / "notify")
     env = {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": str(UNIT_WATCHDOG_S * 1_000_000)}
-    daemon = DaemonProc(work / "daemon", sockdir, ladder, policy=policy, tree=this_machines_cpus, env=env)
+    daemon = DaemonProc(work / "daemon", sockdir, ladder, policy=policy, tree=footprint_tree, env=env)
     try:
-        daemon.tree.write("sys/class/power_supply/BAT0/capacity", 90)
         yield daemon
     finally:
         daemon.stop()

@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the fake-tree builder lives in tests/
 
-from bench.bench_footprint import this_machines_cpus
+from bench.bench_footprint import footprint_tree
 from governor import logs
 from governor.clock import RealClock
 from governor.daemon.app import build
@@ -70,8 +70,7 @@ def main() -> int:
     args = parser.parse_args()
     logs.configure(level=logging.WARNING)
     work, sockets = Path(tempfile.mkdtemp(prefix="gvt", dir="/tmp")), Path(tempfile.mkdtemp(prefix="gvs", dir="/tmp"))
-    tree = this_machines_cpus(work / "root")
-    tree.write("sys/class/power_supply/BAT0/capacity", 90)
+    tree = footprint_tree(work / "root")
     (work / "policy.toml").write_text((REPO / "policies" / "profiles" / "default.toml").read_text())
     (work / "governor.toml").write_text("[restart]\ninitial_s = 0.2\n")
     overrides = {
