@@ -317,6 +317,11 @@ class StateMachine:
             if not self.power.enabled:
                 active.append(self._hot_at(u))
             else:  # a power budget, allocated to clock x threads x rate
+                if self._prefill and view.temp_c is not None and view.temp_c < view.setpoint_c:
+                    # A prompt under the setpoint gets the whole budget, as `none` runs it: it is compute-bound (each
+                    # clock step costs time to first token) and short, and where decode is memory-bound the clock it
+                    # needs is lower; the PI's approach to the setpoint would cut it. The guard still keeps the trip.
+                    u = 1.0
                 guarded = self.power.guard(u, view.temp_c, view.trip_c, prev.threads if prev else None, self._cpus)
                 if guarded < u and self._pi is not None and view.temp_c is not None:
                     # Back-calculation: the PI goes on from the budget in force, not from the one the guard overrode.
