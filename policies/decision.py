@@ -11,12 +11,13 @@ Adding a knob: a field on `EngineConfig` with its `Knob` (docs/architecture.md, 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, computed_field
 
 
 class State(StrEnum):
@@ -144,19 +145,70 @@ KNOBS: dict[str, Knob] = {
 }
 
 
+Readings = dict[str, float | bool | str | None]
+Why = Callable[[], tuple[str, Readings]]
+
+
 class Decision(BaseModel):
+    """A tick's state and engine settings, the rule that fired, and why (`reason`, `readings`).
+
+    The why is built when first read (`governor status`, `why`, a trace, a log line, the routing gate), not at every
+    tick: hot, a decision is made four times a second and almost none is ever read, and the sentence is a sixth of
+    the tick's work. Everything it is built from is immutable, so it says what was true at its tick whenever read.
+    `Decision(reason=..., readings=...)` gives them directly (the lab's `none`, tests)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     t: float
     state: State
     engine: EngineConfig
-    reason: str  # one sentence a user can read: "hot: forecast 78.4 °C in 10 s ≥ 76 °C; threads 4→2, ..."
     rule: str  # the rule that fired, e.g. "thermal.forecast_enter"
-    readings: dict[str, float | bool | str | None] = Field(default_factory=dict)
     changed: bool = False  # the engine config differs from the previous decision's
     freq_ratio: float | None = None  # CPU clock cap as a share of each cluster's maximum; None: no cap
     # Nothing fits in memory: keep the engine stopped (requests wait) until this is None again; says why.
     engine_wait: str | None = None
+    _why: Why | None = PrivateAttr(default=None)
+
+    def __init__(
+        self, *, reason: str = "", readings: Mapping[str, float | bool | str | None] | None = None, **fields: Any
+    ) -> None:
+        super().__init__(**fields)
+        given = (reason, dict(readings or {}))
+        self._why = lambda: given
+
+    @classmethod
+    def explained_by(cls, why: Why, **fields: Any) -> Decision:
+        """The state machine's: fields it built from validated values (no validation), and the why to build later."""
+        decision = cls.model_construct(**fields)
+        decision._why = why
+        return decision
+
+    def __eq__(self, other: object) -> bool:
+        """Equal fields and an equal why (however each was given)."""
+        if not isinstance(other, Decision):
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in Decision.model_fields) and (
+            self._explained == other._explained
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.t, self.state, self.engine, self.rule))
+
+    @cached_property
+    def _explained(self) -> tuple[str, Readings]:
+        return ("", {}) if self._why is None else self._why()
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def reason(self) -> str:
+        """One sentence a user can read: "hot: forecast 78.4 °C in 10 s ≥ 76 °C; threads 4→2, ..." """
+        return self._explained[0]
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def readings(self) -> Readings:
+        """The readings behind it (temperature, trip, forecast, battery, memory, the budget, ...)."""
+        return self._explained[1]
 
 
 class HoldAsk(BaseModel):

@@ -7,14 +7,12 @@ from typing import NamedTuple
 
 from policies.allocator import Choice
 from policies.contention import ThreadsNote
-from policies.decision import PRIORITY, EngineConfig, State
+from policies.decision import PRIORITY, EngineConfig, Readings, State
 from policies.decision import readable as _n
 from policies.memfit import MIB, Fit
 from policies.readings import Sense, ThermalView
 from policies.schema import Policy
 from sensors.snapshot import EngineObservation
-
-Readings = dict[str, float | bool | str | None]
 
 
 class Tick(NamedTuple):
@@ -136,8 +134,9 @@ def _allocation(c: Choice) -> str:
     return text
 
 
-def _rule(k: Tick) -> tuple[str, str]:
-    """The rule that fired this tick and its clause: a transition, a wait, a hold, the PI, or why the state holds."""
+def rule_of(k: Tick) -> tuple[str, str]:
+    """The rule that fired this tick and its clause: a transition, a wait, a hold, the PI, or why the state holds.
+    Every tick needs the rule (the history keeps a decision when it changes); the rest of the why is `explain`'s."""
     v = k.sense.view
     clauses: list[str] = []
     if k.state != k.previous_state:
@@ -198,9 +197,10 @@ def _contention(note: ThreadsNote) -> list[str]:
     return out
 
 
-def explain(k: Tick) -> tuple[str, str, Readings]:
+def explain(k: Tick, fired: str, clause: str) -> tuple[str, Readings]:
+    """The reason (the rule's clause, then what changed and why) and the readings, when someone asks: `rule_of(k)` gave
+    `fired` and `clause` at the tick."""
     pol, v = k.policy, k.sense.view
-    rule, clause = _rule(k)
     clauses = [clause]
     changes = _changes(k.prev, k.config, always=k.state == State.HOT)
     if changes:
@@ -210,7 +210,7 @@ def explain(k: Tick) -> tuple[str, str, Readings]:
         clauses.append(_allocation(k.choice))
     if k.contention is not None:
         why = _contention(k.contention)
-        if rule == "cpu.contention":
+        if fired == "cpu.contention":
             clauses += why[1:]
         else:
             note = k.contention
@@ -268,4 +268,4 @@ def explain(k: Tick) -> tuple[str, str, Readings]:
         "freq_ratio": None if k.choice is None else k.choice.freq_ratio,
         **(k.load or {}),
     }
-    return rule, reason, readings
+    return reason, readings

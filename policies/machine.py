@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import NamedTuple
 
 from policies.allocator import PowerAllocator
 from policies.contention import ThreadFit
 from policies.controller import PIController
 from policies.decision import PRIORITY, Decision, EngineConfig, Hold, KvType, State
-from policies.explain import Tick, explain
+from policies.explain import Tick, explain, rule_of
 from policies.filters import BusyWindow, Forecast, Trigger
 from policies.ladder import ModelLadder
 from policies.loader import PolicyError
@@ -188,11 +189,11 @@ class StateMachine:
             sized_by=tuple(h.owner for h in sizing if model == h.max_tier or n_ctx == h.max_ctx),
         )  # fmt: skip
         self._calm = self._is_calm(sense, engine, label)
-        rule, reason, readings = explain(tick)
-        decision = Decision.model_construct(
-            t=t, state=label, engine=config, reason=reason, rule=rule, readings=readings,
-            changed=config is not prev and config != prev, freq_ratio=freq,
-            engine_wait=None if fitted is None else fitted.wait,
+        fired, clause = rule_of(tick)
+        decision = Decision.explained_by(
+            partial(explain, tick, fired, clause),
+            t=t, state=label, engine=config, rule=fired, changed=config is not prev and config != prev,
+            freq_ratio=freq, engine_wait=None if fitted is None else fitted.wait,
         )  # fmt: skip
         self.last = decision
         return decision

@@ -220,18 +220,20 @@ class Daemon:
     def _after_tick(self, t: float, _s: Snapshot, _o: EngineObservation | None, decision: Decision) -> None:
         if self._ready_sent:  # systemd arms the watchdog once start-up is complete (READY=1): no pings before
             self.notifier.watchdog(t)
-        line = self._status_line()
         st = self.supervisor.status
         if not self._ready_sent and (self.supervisor.ready or st.critical is not None or st.waiting is not None):
             # Ready once sensors gave a sample and the engine answers (or supervision gave up, or waits for memory:
             # say so, not crash).
+            line = self._status_line()
             self.notifier.ready(line)
             self._ready_sent, self._status_sent, self._status_sent_at = True, line, (t, decision.state)
             self._log.info("ready", status=line)
-        elif line != self._status_sent and (
+        elif self.notifier.enabled and (
             decision.state != self._status_sent_at[1] or t - self._status_sent_at[0] >= STATUS_EVERY_S
-        ):
-            self.notifier.status(line)
+        ):  # the line (the decision's reason) is built only when it may be sent
+            line = self._status_line()
+            if line != self._status_sent:
+                self.notifier.status(line)
             self._status_sent, self._status_sent_at = line, (t, decision.state)
 
     # -- the control API (server threads) -----------------------------------------------------------------------
