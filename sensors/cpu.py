@@ -1,16 +1,20 @@
 """CPU frequency from `sys/devices/system/cpu/cpu*/cpufreq` (memory is sensors/memory.py).
 
-Throttling rule (documented in docs/sensors.md):
-- capped: some online CPU has `scaling_max_freq` < `cpuinfo_max_freq` (a thermal driver or a user lowered the cap);
-- or starved under load: CPU utilisation >= 90 % while the mean `scaling_cur_freq / cpuinfo_max_freq` < 0.6
+Throttling rule (documented in docs/sensors.md), against the limit the governor itself set on a policy (its own
+`scaling_max_freq` write, `own_caps`), else `cpuinfo_max_freq`:
+- capped: some online CPU has `scaling_max_freq` under that limit (a thermal driver or a user lowered the cap: the
+  kernel shows the lowest of every request, its cooling devices' and ours);
+- or starved under load: CPU utilisation >= 90 % while the mean `scaling_cur_freq` over that limit is < 0.6
   (firmware throttling, e.g. a Raspberry Pi's, lowers the clock without touching the cap).
-Without a utilisation figure only the first rule applies.
+Without a utilisation figure only the first rule applies. The governor's own cap is not throttling: the policy
+moves its setpoint away from the trip while the kernel holds a step of its own.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sensors.load import Load
@@ -20,6 +24,7 @@ from sensors.snapshot import Cpu
 CPU_DIR = "sys/devices/system/cpu"
 LOADED_UTIL_PERCENT = 90.0
 STARVED_RATIO = 0.6
+CAP_TOLERANCE = 0.01  # a limit this close to the one asked for is the one asked for (drivers round a write)
 
 _CPU_RE = re.compile(r"cpu(\d+)$")
 
@@ -32,6 +37,7 @@ class Core:
     cur_path: str
     scaling_max_path: str | None  # absent on a few drivers: then only the load rule can say "throttled"
     max_khz: float  # cpuinfo_max_freq: the hardware's limit does not change while running
+    policy: str = ""  # the policy directory, resolved: the key of the governor's own cap on it (`own_caps`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +54,7 @@ def discover_cpus(root: Root, reader: Reader) -> CpuInventory:
     for number in sorted(int(m.group(1)) for m in map(_CPU_RE.match, reader.listdir(base)) if m):
         groups.setdefault(os.path.realpath(f"{base}/cpu{number}/cpufreq"), []).append(number)
     cores: list[Core] = []
-    for numbers in groups.values():
+    for policy, numbers in groups.items():
         freq = f"{base}/cpu{numbers[0]}/cpufreq"
         if not root.exists(f"{freq}/scaling_cur_freq") or reader.is_denied(f"{freq}/scaling_cur_freq"):
             continue
@@ -57,7 +63,7 @@ def discover_cpus(root: Root, reader: Reader) -> CpuInventory:
             continue
         scaling_max = f"{freq}/scaling_max_freq"
         cur, cap = f"{freq}/scaling_cur_freq", scaling_max if root.exists(scaling_max) else None
-        cores.append(Core(tuple(numbers), cur, cap, max_khz))
+        cores.append(Core(tuple(numbers), cur, cap, max_khz, policy))
     online = f"{base}/online"
     return CpuInventory(tuple(cores), online if root.exists(online) else None)
 
@@ -72,7 +78,14 @@ def parse_cpu_list(text: str) -> set[int]:
     return cpus
 
 
-def read_cpu(reader: Reader, inventory: CpuInventory, util_percent: float | None, load: Load | None = None) -> Cpu:
+def read_cpu(
+    reader: Reader,
+    inventory: CpuInventory,
+    util_percent: float | None,
+    load: Load | None = None,
+    own_caps: Mapping[str, int] | None = None,
+) -> Cpu:
+    """`own_caps`: the kHz the governor wrote to each policy's `scaling_max_freq` (by `Core.policy`)."""
     load = load if load is not None else Load()
     online: set[int] | None = None
     if inventory.online_path is not None:
@@ -82,26 +95,30 @@ def read_cpu(reader: Reader, inventory: CpuInventory, util_percent: float | None
                 online = parse_cpu_list(text)
             except ValueError:
                 reader.problem(inventory.online_path, f"not a cpu list: {text[:40]!r}")
-    ratio_sum, ratio_cpus = 0.0, 0
+    ratio_sum = held_sum = 0.0
+    ratio_cpus = 0
     capped = False
     for core in inventory.cores:
         cpus = len(core.numbers) if online is None else sum(n in online for n in core.numbers)
         if not cpus:
             continue
+        owned = own_caps.get(core.policy) if own_caps else None
+        limit = core.max_khz if owned is None else owned
         cur = reader.number(core.cur_path)
         if cur is not None:
             ratio_sum, ratio_cpus = ratio_sum + min(cur / core.max_khz, 1.0) * cpus, ratio_cpus + cpus
+            held_sum += min(cur / limit, 1.0) * cpus
         cap = reader.number(core.scaling_max_path) if core.scaling_max_path else None
-        if cap is not None and cap < core.max_khz:
+        if cap is not None and cap < (limit if owned is None else owned * (1 - CAP_TOLERANCE)):
             capped = True
     ratio = ratio_sum / ratio_cpus if ratio_cpus else None  # the mean over online CPUs
     throttled: bool | None = None
     if inventory.cores:
         starved = (
             util_percent is not None
-            and ratio is not None
+            and ratio_cpus > 0
             and util_percent >= LOADED_UTIL_PERCENT
-            and ratio < STARVED_RATIO
+            and held_sum / ratio_cpus < STARVED_RATIO
         )
         throttled = capped or starved
     count = len(online) if online is not None else (sum(len(c.numbers) for c in inventory.cores) or None)

@@ -109,6 +109,7 @@ class SensorSampler:
         rediscover_s: float = 30.0,
         stuck_samples: int = 120,
         slow_max_age_s: float = 0.0,
+        own_caps: Callable[[], Mapping[str, int]] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.root = root if isinstance(root, Root) else Root(root)
@@ -121,6 +122,7 @@ class SensorSampler:
         self._util = None if cpu_util == "auto" else cpu_util
         self._load = LoadReader(self.root)
         self.engine_pid = engine_pid  # whose CPU time is the engine's own, not "another process" (the daemon sets it)
+        self.own_caps = own_caps  # the clock limits the governor itself wrote: not throttling (sensors/cpu.py)
         self.rediscover_s = rediscover_s
         # The slow readings, power supplies and memory, are read at most this often (0: every sample): the fast
         # (mitigating) tick is for the thermal controller, as thermald's fast poll reads only temperatures. Fuel
@@ -238,7 +240,7 @@ class SensorSampler:
             memory=self._slow(
                 "memory", (inv,), now, reader, lambda: read_memory(reader, self.root, meminfo=inv.meminfo, psi=inv.psi)
             ),
-            cpu=read_cpu(reader, inv.cpus, util, load),
+            cpu=read_cpu(reader, inv.cpus, util, load, self.own_caps() if self.own_caps is not None else None),
             problems=tuple(reader.problems),
         )
         if reader.vanished:
@@ -319,6 +321,7 @@ def make_sampler(
     environ: Mapping[str, str] = os.environ,
     engine_pid: Callable[[], int | None] | None = None,
     slow_max_age_s: float = 0.0,
+    own_caps: Callable[[], Mapping[str, int]] | None = None,
 ) -> Sampler:
     """sysfs when the tree is there (any Linux, or a fake tree under `root`); psutil otherwise (macOS, Windows).
 
@@ -336,4 +339,5 @@ def make_sampler(
         termux_timeout_s=termux_timeout_s,
         engine_pid=engine_pid,
         slow_max_age_s=slow_max_age_s,
+        own_caps=own_caps,
     )

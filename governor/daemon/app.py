@@ -210,7 +210,9 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
         probe=probe,
     )
     # The engine child's own CPU time is not "another process" (policies/contention.py).
-    sensors = make_sampler(config.root, environ=env, engine_pid=lambda: supervisor.pid, slow_max_age_s=1.0)
+    sensors = make_sampler(
+        config.root, environ=env, engine_pid=lambda: supervisor.pid, slow_max_age_s=1.0, own_caps=freq.own_caps
+    )
     decider = SupervisedDecider(inner, supervisor)
     engine = SupervisedEngine(client, supervisor, watch)
     loop = GovernorLoop(sensors, decider, engine, clock, holds=holds.in_force, listeners=[freq.on_tick, engine.on_tick])

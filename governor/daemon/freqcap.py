@@ -48,6 +48,7 @@ class Cluster:
     writable: bool
     cap_khz: int | None = None  # what we last wrote; None = the original is in force
     unit: str = "kHz"  # "%" for intel_pstate's max_perf_pct, "µW" for a RAPL limit (then *_khz are in that unit)
+    policy: str = ""  # the policy directory, resolved (the sensors' key for it, sensors/cpu.py `Core.policy`)
 
     def target(self, ratio: float) -> int:
         """The highest frequency the kernel accepts at or under ratio x max, never below min or above the original."""
@@ -68,6 +69,7 @@ class FreqCap:
         self.ratio: float | None = None
         self.reason = "not started"
         self._saved_done = False
+        self._own: dict[str, int] = {}  # policy directory -> the kHz we wrote there (own_caps)
         self._log = structlog.get_logger("governor.freqcap")
 
     # -- start: crash recovery, then discovery ------------------------------------------------------------------
@@ -164,6 +166,7 @@ class FreqCap:
                     available_khz=tuple(sorted(f for f in available if lo <= f <= hi)),
                     original_khz=int(cur),
                     writable=self.root.writable(path),
+                    policy=os.path.realpath(d),
                 )
             )
         pstate = self._pstate(reader)
@@ -254,6 +257,15 @@ class FreqCap:
             else:
                 c.writable = False
                 self.reason = f"writing {self.root.display(c.path)} failed: threads and rate are the actuators there"
+        self._own = self._caps_by_policy()
+
+    def _caps_by_policy(self) -> dict[str, int]:
+        return {c.policy: c.cap_khz for c in self.clusters if c.unit == "kHz" and c.cap_khz is not None}
+
+    def own_caps(self) -> dict[str, int]:
+        """The clock limit this daemon set on each cpufreq policy, by resolved policy directory: the sensors tell
+        the kernel's throttling from it (a step under it), not it from throttling."""
+        return self._own
 
     def restore(self) -> None:
         """Put back every value found at start; then the saved file is no longer needed."""
@@ -265,6 +277,7 @@ class FreqCap:
                 else:
                     ok = False
         self.ratio = None
+        self._own = self._caps_by_policy()
         if ok and self._saved_done:
             with contextlib.suppress(FileNotFoundError):
                 self.saved.unlink()

@@ -10,6 +10,7 @@ import pytest
 
 from governor.daemon.freqcap import ORIGINALS, FreqCap
 from sensors.root import Root
+from sensors.sampler import SensorSampler
 from tests.sensors.tree import CPU, FakeTree
 
 LITTLE = (408_000, 600_000, 816_000, 1_008_000, 1_200_000, 1_416_000, 1_608_000, 1_800_000)
@@ -340,3 +341,30 @@ def test_a_disabled_rapl_zone_is_left_alone_and_an_unwritable_one_says_so(tmp_pa
     reason = cap.status()["reason"]
     assert "/sys/class/powercap/intel-rapl:0/constraint_0_power_limit_uw not writable" in reason
     assert "threads and rate are the actuators" in reason
+
+
+def test_the_daemons_own_cap_is_not_throttling_but_a_kernel_step_under_it_is(tmp_path: Path) -> None:
+    """The sensors tell the kernel's throttling from the cap the daemon wrote: the policy's setpoint moves away from
+    the trip only for the kernel's (`[power] throttled_margin_c`); with its own cap taken for throttling, the daemon
+    held the die 3 °C cooler than the policy (and the lab) asked, for fewer tokens."""
+    tree = big_little(tmp_path / "root")
+    cap = FreqCap(Root(tree.root), tmp_path)
+    cap.start()
+    sampler = SensorSampler(tree.root, cpu_util=lambda: 95.0, own_caps=cap.own_caps)
+    assert sampler.sample().cpu.throttled is False
+    cap.apply(0.6)  # 1.008 GHz LITTLE, 1.2 GHz big
+    for policy, khz in ((0, 1_008_000), (4, 1_200_000)):
+        tree.write(f"{CPU}/cpufreq/policy{policy}/scaling_cur_freq", khz)  # loaded, at the cap
+    assert sampler.sample().cpu.throttled is False
+    tree.write(f"{CPU}/cpufreq/policy4/scaling_max_freq", 816_000)  # a cooling device's request under ours
+    assert sampler.sample().cpu.throttled is True
+    tree.write(f"{CPU}/cpufreq/policy4/scaling_max_freq", 1_200_000)
+    for policy in (0, 4):  # firmware: the clock, not the cap (under 60 % of ours, on average over the CPUs)
+        tree.write(f"{CPU}/cpufreq/policy{policy}/scaling_cur_freq", 600_000)
+    assert sampler.sample().cpu.throttled is True
+    cap.restore()  # back to the originals: a cap found under cpuinfo_max_freq is someone else's again
+    tree.write(f"{CPU}/cpufreq/policy4/scaling_cur_freq", 2_400_000)
+    tree.write(f"{CPU}/cpufreq/policy0/scaling_cur_freq", 1_800_000)
+    assert sampler.sample().cpu.throttled is False
+    tree.write(f"{CPU}/cpufreq/policy0/scaling_max_freq", 1_008_000)
+    assert sampler.sample().cpu.throttled is True
