@@ -17,10 +17,11 @@ TOML). Everything here is pure and cheap: one tick is a few dozen multiplication
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from policies.decision import State
+from policies.decision import KvType, State
+from policies.memfit import ModelFootprint
 from policies.schema import Policy, Power
 from sensors.snapshot import Battery, EngineObservation
 
@@ -51,13 +52,20 @@ class Choice(NamedTuple):
 
 
 class DeviceModel:
-    """tokens/s = min(a·n·f, ceiling) and watts = idle + w·n·f^k·duty, with a, ceiling and (idle, w) learned."""
+    """tokens/s = min(a·n·f, ceiling) and watts = idle + w·n·f^k·duty, with a, ceiling and (idle, w) learned.
+
+    The ceiling falls as the context fills: a memory-bound decode step reads all the weights and the KV cache of every
+    token in the context, so tokens/s = bandwidth ÷ (weights + kv·fill) = ceiling at an empty context ÷ (1 + s·fill),
+    s the KV bytes one context token adds per byte of weights (the model's header says both). The model keeps the
+    empty-context ceiling: a Pi 5's 3B model decodes 12 % faster at a new conversation than at a full 2048-token one,
+    and one ceiling learned at either end under- or over-predicts the other (`set_context`)."""
 
     def __init__(self, prior: Power) -> None:
         self.k = prior.freq_exponent
         self._prior_a = prior.thread_tok_s
         self.a: float | None = prior.thread_tok_s  # tokens/s of one thread at the top clock, compute-limited
-        self.ceiling: float | None = None  # tokens/s the memory allows, once seen
+        self.ceiling0: float | None = None  # tokens/s the memory allows at an empty context, once seen
+        self._fill_scale = 1.0  # 1 + s·fill for the context in force: the ceiling now is ceiling0 ÷ this
         self.observations = 0
         self._grid_of: tuple[Sequence[float] | None, tuple[int, ...]] = (None, ())
         self._grid: tuple[tuple[int, float, float], ...] = ()
@@ -68,6 +76,16 @@ class DeviceModel:
         self.power_observations = 0
         self._model_name: str | None = None  # the engine's model these speed figures are of
         self._speeds: dict[str, tuple[float | None, float | None, dict[tuple[int, float], tuple[float, int]]]] = {}
+
+    @property
+    def ceiling(self) -> float | None:
+        """tokens/s the memory allows at the context fill in force (None: not seen yet)."""
+        return None if self.ceiling0 is None else self.ceiling0 / self._fill_scale
+
+    def set_context(self, fill_tokens: float, kv_per_weight_byte: float) -> None:
+        """The context fill in force (tokens in the KV cache) and the KV bytes a token adds per byte of weights
+        (0: unknown, one ceiling for every fill)."""
+        self._fill_scale = 1.0 + max(0.0, kv_per_weight_byte) * max(0.0, fill_tokens)
 
     @property
     def idle_w(self) -> float:
@@ -85,9 +103,9 @@ class DeviceModel:
         if name == self._model_name:
             return
         if self._model_name is not None:
-            self._speeds[self._model_name] = (self.a, self.ceiling, self._recent)
+            self._speeds[self._model_name] = (self.a, self.ceiling0, self._recent)
         self._model_name = name
-        self.a, self.ceiling, self._recent = self._speeds.pop(name, (self._prior_a, None, {}))
+        self.a, self.ceiling0, self._recent = self._speeds.pop(name, (self._prior_a, None, {}))
 
     def load(self, threads: int, freq: float) -> float:
         return threads * math.pow(freq, self.k)
@@ -140,8 +158,8 @@ class DeviceModel:
             self.a *= SPEED_DECAY
         if per < CEILING_BELOW * self.a:  # compute could do more: the memory is the limit here
             self._toward_ceiling(tok_s)
-        elif self.ceiling is not None and tok_s > self.ceiling:
-            self.ceiling = tok_s
+        elif self.ceiling0 is not None and tok_s * self._fill_scale > self.ceiling0:
+            self.ceiling0 = tok_s * self._fill_scale
         key = (threads, round(freq, 4))
         old = self._recent.get(key)
         fresh = old is not None and self.observations - old[1] <= RECENT_OBS
@@ -150,7 +168,9 @@ class DeviceModel:
         self._compare_clocks(threads, key[1], tok)
 
     def _toward_ceiling(self, tok_s: float) -> None:
-        self.ceiling = tok_s if self.ceiling is None else self.ceiling + CEILING_GAIN * (tok_s - self.ceiling)
+        """A ceiling-limited figure at the context in force, kept as the empty context's."""
+        empty = tok_s * self._fill_scale
+        self.ceiling0 = empty if self.ceiling0 is None else self.ceiling0 + CEILING_GAIN * (empty - self.ceiling0)
 
     def _compare_clocks(self, threads: int, freq: float, tok: float) -> None:
         """A memory-bound decode never shows up as per-thread speed under the peak (`a` is only ever learned where it
@@ -303,7 +323,15 @@ def _choice(
 class PowerAllocator:
     """The state machine's part for power: the device model, the allocation in hot and critical, the clock cap."""
 
-    def __init__(self, policy: Policy, freq_ratios: Sequence[float] | None, prior: Power | None) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        freq_ratios: Sequence[float] | None,
+        prior: Power | None,
+        footprints: Mapping[str, ModelFootprint] | None = None,
+    ) -> None:
+        self._footprints = footprints or {}
+        self._kv_share: dict[tuple[str, KvType], float] = {}
         ratios = sorted({r for r in freq_ratios or () if 0 < r <= 1} | {1.0})
         self.ratios = tuple(ratios) if policy.power.freq_cap and len(ratios) > 1 else None
         self.hot = policy.states[State.HOT]
@@ -399,6 +427,19 @@ class PowerAllocator:
         return choice._replace(
             freq_ratio=f, tok_s=model.speed(choice.threads, f), power_w=model.power_w(choice.threads, f)
         )
+
+    def context(self, engine: EngineObservation | None, kv_type: KvType) -> None:
+        """The engine's context fill, for the memory ceiling at it (unknown fill or model: one ceiling)."""
+        if engine is None or engine.context_tokens is None or engine.model is None:
+            self.model.set_context(0.0, 0.0)
+            return
+        key = (engine.model, kv_type)
+        share = self._kv_share.get(key)
+        if share is None:
+            fp = self._footprints.get(engine.model)
+            share = fp.kv_bytes(1, kv_type) / fp.file_bytes if fp is not None and fp.file_bytes > 0 else 0.0
+            self._kv_share[key] = share
+        self.model.set_context(engine.context_tokens, share)
 
     def observe(
         self,

@@ -103,7 +103,7 @@ class StateMachine:
         self._calm = False
         self._tier_index = self._resolve_tiers()
         self._limits = {state: Limits.of(state, profile) for state, profile in policy.states.items()}
-        self.power = PowerAllocator(policy, freq_ratios, prior)
+        self.power = PowerAllocator(policy, freq_ratios, prior, self.footprints)
 
     # -- set-up (validation of the policy against the ladder happens once, here) --------------------------------
 
@@ -150,6 +150,8 @@ class StateMachine:
         label = self.state if (pin is None or self.state in MITIGATING) else pin
         prev = self.last.engine if self.last is not None else None
         self._contended = self._fit_threads.contended(snapshot.cpu)
+        if prev is not None:
+            self.power.context(engine, prev.kv_type)
         if prev is not None and not self._contended:  # the device model is of the device alone
             rate_cap, freq = prev.max_tokens_per_s, snapshot.cpu.freq_ratio
             self.power.observe(prev.threads, rate_cap, freq, engine, battery=sense.battery, on_power=sense.on_power)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class Frozen(BaseModel):
@@ -88,6 +88,7 @@ class EngineObservation(Frozen):
     rss_bytes: int | None = None
     loaded: bool | None = None  # False: the engine unloaded its model after --keep-alive idle seconds
     threads: int | None = None  # the threads the engine runs with now (what tokens_per_s was measured at)
+    context_tokens: int | None = Field(default=None, ge=0)  # tokens in the KV cache (the context's fill) now
     given_up: str | None = None  # the daemon's supervisor gave the engine up after repeated failures: why
 
 

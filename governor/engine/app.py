@@ -165,6 +165,7 @@ class EngineApp:
 
     def status_body(self) -> dict[str, Any]:
         w = self.worker
+        current = w.slot.current
         return {
             **w.settings.model_dump(),
             "model_path": str(w.models[w.settings.model].path),
@@ -182,6 +183,7 @@ class EngineApp:
             "busy": w.busy,
             "tokens_per_s": round(w.tokens_per_s(), 3),
             "decode_tokens_per_s": None if w.decode_tokens_per_s is None else round(w.decode_tokens_per_s, 3),
+            "context_tokens": None if current is None else current.context_tokens,
             "queue_length": w.waiting,
             "queue_max": self.queue_max,
             "rss_bytes": self._process.memory_info().rss,

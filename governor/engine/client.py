@@ -20,7 +20,7 @@ import httpcore
 import httpx
 import structlog
 from httpcore._backends.sync import SyncStream
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from govbase.errors import GovernorError
 from policies.decision import EngineConfig
@@ -66,6 +66,7 @@ class EngineStatus(EngineConfig):
     busy: bool
     tokens_per_s: float | None = None
     queue_length: int = 0
+    context_tokens: int | None = Field(default=None, ge=0)
     rss_bytes: int | None = None
     loaded: bool | None = None  # None: an engine from before idle unload
     paused: str | None = None  # why the model is held unloaded (POST /engine/pause)
@@ -79,6 +80,7 @@ class EngineStatus(EngineConfig):
             rss_bytes=self.rss_bytes,
             loaded=self.loaded,
             threads=self.threads,  # what tokens_per_s was measured at (policies/contention.py)
+            context_tokens=self.context_tokens,  # the memory ceiling falls as it fills (policies/allocator.py)
         )
 
 

@@ -162,6 +162,12 @@ class LoadedModel:
             llama_cpp.llama_set_abort_callback(self.llm.ctx, self._no_cb, None)
 
     @property
+    def context_tokens(self) -> int | None:
+        """Tokens in the KV cache now: the context's fill, whose KV every decode step reads (None: closing)."""
+        llm = getattr(self, "llm", None)  # read from the event loop while the worker may be closing the model
+        return None if llm is None else int(llm.n_tokens)
+
+    @property
     def evaluated(self) -> int:
         """Tokens evaluated in this context so far (a counter: differences tell what one step cost)."""
         return self.llm.evaluated

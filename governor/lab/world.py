@@ -286,6 +286,7 @@ class SimulatedEngine:
             model=engine.config.model,
             rss_bytes=engine.resident_bytes(),  # 0 while loading: the snapshot's available memory holds it all
             threads=engine.config.threads,
+            context_tokens=round(engine.ctx),
         )
 
     def apply(self, config: EngineConfig) -> None:

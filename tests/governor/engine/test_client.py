@@ -62,7 +62,15 @@ class FakeEngine:
         if self.status_code != 200:
             return PlainTextResponse("engine is sulking", status_code=self.status_code)
         return JSONResponse(
-            {**self.settings, "busy": False, "tokens_per_s": 12.5, "queue_length": 0, "rss_bytes": 123456789, "pid": 1}
+            {
+                **self.settings,
+                "busy": False,
+                "tokens_per_s": 12.5,
+                "queue_length": 0,
+                "rss_bytes": 123456789,
+                "pid": 1,
+                "context_tokens": 300,
+            }
         )
 
     async def config(self, request: Request) -> Response:
@@ -140,6 +148,7 @@ def test_status_reads_the_engine_and_keeps_fields_it_does_not_know(fake_engine: 
     assert status.busy is False
     assert status.tokens_per_s == 12.5
     assert status.rss_bytes == 123456789
+    assert status.context_tokens == 300
     assert status.model_extra == {"pid": 1}
 
 
@@ -197,7 +206,9 @@ def test_apply_posts_the_whole_decision_and_satisfies_the_loops_engine_control(
         observed = control.observe()
 
     assert engine.posted == [config.model_dump()]
-    assert observed == EngineObservation(busy=False, tokens_per_s=12.5, model="small", rss_bytes=123456789, threads=1)
+    assert observed == EngineObservation(
+        busy=False, tokens_per_s=12.5, model="small", rss_bytes=123456789, threads=1, context_tokens=300
+    )
 
 
 def test_observe_is_none_while_the_engine_answers_an_error(

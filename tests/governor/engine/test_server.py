@@ -263,6 +263,16 @@ def test_status_fields(engine: Engine) -> None:
         assert isinstance(s[counter], int)
 
 
+def test_status_reports_the_context_fill(engine: Engine) -> None:
+    """The tokens in the KV cache after an answer: its prompt and the answer (the last sampled token is not evaluated
+    until the next turn), which the device model's memory ceiling depends on."""
+    r = engine.chat(model="small", messages=user("how full is the context?"), max_tokens=4, ignore_eos=True)
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    fill = engine.status()["context_tokens"]
+    assert usage["prompt_tokens"] <= fill <= usage["total_tokens"]
+
+
 def test_full_queue_answers_429(uncapped: Engine) -> None:
     engine = uncapped
     assert engine.config(max_tokens_per_s=5).status_code == 200
