@@ -27,13 +27,15 @@ STEPS = (1.0, 0.958, 0.917, 0.875, 0.833, 0.792, 0.75, 0.708, 0.667, 0.625, 0.5,
 
 
 def allocator_ms(n: int) -> float:
-    """The allocator and the device model's update alone: one observe() and one allocate() per tick."""
+    """The allocator and the device model's update alone: the context fill, one observe() and one allocate() per
+    tick."""
     from policies.allocator import DeviceModel, allocate
     from policies.schema import Power
 
     model = DeviceModel(Power())
     start = time.process_time()
     for i in range(n):
+        model.set_context(1000 + i % 500, 5.7e-5)  # a 3B model's f16 KV per token ÷ its weights
         model.observe(4, STEPS[i % 12], 3.0 + (i % 5) * 0.1, None, 6.0 + (i % 3) * 0.1)
         allocate(model, (i % 10) / 10, threads=range(2, 5), ratios=STEPS, full_threads=4, max_rate=10.0, min_rate=1.5)
     return (time.process_time() - start) / n * 1000
