@@ -17,7 +17,7 @@ from typing import Literal, Protocol, TypeVar, cast
 import structlog
 
 from sensors.cpu import CPU_DIR, CpuInventory, discover_cpus, read_cpu
-from sensors.load import PROC_STAT, PSI_CPU, LoadReader
+from sensors.load import PROC_STAT, PSI_CPU, Load, LoadReader
 from sensors.memory import MEMINFO, PSI_MEMORY, read_memory
 from sensors.power import Supply, discover_supplies, read_battery
 from sensors.psutil_backend import PsutilSampler
@@ -124,10 +124,13 @@ class SensorSampler:
         self.engine_pid = engine_pid  # whose CPU time is the engine's own, not "another process" (the daemon sets it)
         self.own_caps = own_caps  # the clock limits the governor itself wrote: not throttling (sensors/cpu.py)
         self.rediscover_s = rediscover_s
-        # The slow readings, power supplies and memory, are read at most this often (0: every sample): the fast
-        # (mitigating) tick is for the thermal controller, as thermald's fast poll reads only temperatures. Fuel
-        # gauges update every few seconds, PSI's avg10 is a 10 s mean, and 1 s is the pace of an ordinary tick; at
-        # the 0.25 s tick the ~10 battery files were a quarter of the daemon's tick and memory a tenth (issue 16).
+        # The slow readings, power supplies, memory and the CPU load, are read at most this often (0: every
+        # sample): the fast (mitigating) tick is for the thermal controller, as thermald's fast poll reads only
+        # temperatures. Fuel gauges update every few seconds; the kernel recomputes PSI's averages every 2 s
+        # (kernel/sched/psi.c, PSI_FREQ); other processes' CPU use over a second is steadier than over a quarter
+        # (the contention rule debounces a second) and proc/stat is a few KiB of text the kernel formats per read
+        # on a phone; 1 s is the pace of an ordinary tick. At the 0.25 s tick the ~10 battery files were a quarter
+        # of the daemon's tick and memory a tenth (issue 16).
         # A charger plugged or pulled is a uevent: supply_changed() (or a rediscovery) makes the next sample read
         # the supplies again.
         self.slow_max_age_s = slow_max_age_s
@@ -231,8 +234,7 @@ class SensorSampler:
             battery = from_termux or battery
         if battery is not None and battery.temp_c is not None and all(t.temp_c is None for t in temperatures):
             temperatures.append(_battery_temperature(battery))
-        pid = self.engine_pid() if self.engine_pid is not None else None
-        load = self._load.read(reader, pid, stat=inv.stat, psi=inv.cpu_psi)
+        load = self._slow("load", (inv,), now, reader, lambda: self._read_load(reader, inv))
         util = self._util() if self._util is not None else load.util_percent
         snapshot = Snapshot(
             temperatures=tuple(temperatures),
@@ -246,6 +248,10 @@ class SensorSampler:
         if reader.vanished:
             self._inventory = None
         return snapshot
+
+    def _read_load(self, reader: Reader, inv: Inventory) -> Load:
+        pid = self.engine_pid() if self.engine_pid is not None else None
+        return self._load.read(reader, pid, stat=inv.stat, psi=inv.cpu_psi)
 
     def warm_up(self) -> None:
         """One-shot callers (the CLI) wait for termux-battery-status's first answer; the loop never does."""

@@ -139,26 +139,34 @@ def test_a_cpu_without_scaling_max_freq_needs_no_rediscovery(tree: FakeTree) -> 
     assert (second.cpu.freq_ratio, second.cpu.throttled) == (0.5, False)
 
 
-def test_a_fast_tick_reads_memory_at_most_every_slow_max_age_s_and_temperature_every_time(tree: FakeTree) -> None:
+def test_a_fast_tick_reads_memory_and_load_at_most_every_slow_max_age_s_and_temperature_every_time(
+    tree: FakeTree,
+) -> None:
     tree.thermal_zone(0, "cpu-thermal", 50_000)
     tree.meminfo(available_kb=3_000_000)
     tree.psi(some=1.0)
+    tree.cpu_psi(some=2.0)
+    tree.proc_stat(busy=0, idle=100)
     now = [100.0]
     sampler = SensorSampler(tree.root, cpu_util=None, slow_max_age_s=1.0, monotonic=lambda: now[0])
 
-    def sample() -> tuple[float | None, int | None, float | None]:
+    def sample() -> tuple[float | None, int | None, float | None, float | None]:
         snapshot = sampler.sample()
         memory = snapshot.memory
-        return snapshot.temperatures[0].temp_c, memory.available_bytes, memory.psi_some_avg10
+        temp = snapshot.temperatures[0].temp_c
+        return temp, memory.available_bytes, memory.psi_some_avg10, snapshot.cpu.psi_some_avg10
 
-    assert sample() == (50.0, 3_000_000 * 1024, 1.0)
+    assert sample() == (50.0, 3_000_000 * 1024, 1.0, 2.0)
     tree.write("sys/class/thermal/thermal_zone0/temp", 51_000)
     tree.meminfo(available_kb=2_000_000)
     tree.psi(some=20.0)
+    tree.cpu_psi(some=30.0)
+    tree.proc_stat(busy=100, idle=200)
     now[0] += 0.75
-    assert sample() == (51.0, 3_000_000 * 1024, 1.0)  # the thermal reading is new, memory the last one
+    assert sample() == (51.0, 3_000_000 * 1024, 1.0, 2.0)  # the thermal reading is new, memory and load the last
     now[0] += 0.25
-    assert sample() == (51.0, 2_000_000 * 1024, 20.0)  # a second after the read: read again
+    assert sample() == (51.0, 2_000_000 * 1024, 20.0, 30.0)  # a second after the read: read again
+    assert sampler.sample().cpu.util_percent == 50.0  # over the second between the two reads of proc/stat
     tree.meminfo(available_kb=1_000_000)
     sampler.invalidate()  # a rediscovery reads everything at once
     assert sample()[1] == 1_000_000 * 1024
