@@ -394,3 +394,17 @@ def test_an_unchanged_config_is_one_object_and_any_change_is_a_new_one(policy: P
     as_float = gov._config(2, 1024, kv="f16", model="m", rate=5.0, n_batch=512)
     assert (repr(as_int.max_tokens_per_s), repr(as_float.max_tokens_per_s)) == ("5", "5.0")
     assert gov._config(2, 1024, kv="f16", model="m", rate=5.0, n_batch=512) is as_float
+
+
+def test_a_decision_read_later_says_what_was_true_at_its_tick(policy: Policy) -> None:
+    """The why is built when first read (status, `why`): by then the machine has moved on, and it must not show."""
+    gov = StateMachine(policy)
+    heat_to_hot(gov)
+    first = gov.decide(snap(81.0), BUSY, 3.0)
+    later = run(gov, [snap(78.0 + i) for i in range(6)], t0=4.0, engine=IDLE)
+    assert later[-1].readings["temp_c"] == 83.0
+    assert (first.readings["temp_c"], first.readings["forecast_c"] is not None) == (81.0, True)
+    assert first.reason.startswith("hot: cpu-thermal 81.0 °C")
+    assert "83.0" not in first.reason
+    assert first == first.model_copy()
+    assert first != later[0]
