@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from policies.allocator import Choice
@@ -13,6 +13,8 @@ from policies.memfit import MIB, Fit
 from policies.readings import Sense, ThermalView
 from policies.schema import Policy
 from sensors.snapshot import EngineObservation
+
+Clause = Callable[[], str]  # a part of the reason, formatted when the reason is read
 
 
 class Tick(NamedTuple):
@@ -48,66 +50,83 @@ def _headroom(v: ThermalView) -> str:
     return f"{v.zone} {v.temp_c:.1f} °C, {abs(room):.1f} °C {side} its {_n(v.trip_c)} °C trip"
 
 
-def _why_on(k: Tick, state: State) -> tuple[str, str]:
-    """(rule, clause) for a state's condition being true."""
-    v, pol = k.sense.view, k.policy
-    pct = k.sense.battery.percent if k.sense.battery is not None else None
+def _level(pct: float | None) -> str:
+    return "unknown" if pct is None else f"{pct:.0f} %"
+
+
+def _why_on(k: Tick, state: State) -> tuple[str, Clause]:
+    """(rule, clause) for a state's condition being true; the clause is formatted when the reason is read."""
+    sense, v, pol = k.sense, k.sense.view, k.policy
+    pct = sense.battery.percent if sense.battery is not None else None
     if state == State.CRITICAL:
-        if k.sense.given_up is not None:
-            return "supervisor.given_up", k.sense.given_up
-        if k.sense.crit_thermal and v.critical_temp_c is not None:
-            return "thermal.critical", f"{v.critical_zone} {v.critical_temp_c:.1f} °C ≥ critical {_n(v.critical_c)} °C"
-        if k.sense.crit_battery and pct is not None:
-            return "battery.critical", f"battery {pct:.0f} % ≤ {_n(pol.battery.critical_percent)} % on battery power"
-        if k.sense.crit_memory and k.sense.available is not None:
-            return "memory.floor", f"{k.sense.available / MIB:.0f} MiB available < floor {_n(pol.memory.floor_mb)} MiB"
-        return "critical.hold", "critical conditions still debouncing"
+        given_up, crit_c, available = sense.given_up, v.critical_temp_c, sense.available
+        if given_up is not None:
+            return "supervisor.given_up", lambda: given_up
+        if sense.crit_thermal and crit_c is not None:
+            return "thermal.critical", lambda: f"{v.critical_zone} {crit_c:.1f} °C ≥ critical {_n(v.critical_c)} °C"
+        if sense.crit_battery and pct is not None:
+            return (
+                "battery.critical",
+                lambda: f"battery {_level(pct)} ≤ {_n(pol.battery.critical_percent)} % on battery power",
+            )
+        if sense.crit_memory and available is not None:
+            return "memory.floor", lambda: f"{available / MIB:.0f} MiB available < floor {_n(pol.memory.floor_mb)} MiB"
+        return "critical.hold", lambda: "critical conditions still debouncing"
     if state == State.HOT:
-        if k.sense.untrusted:
-            return "thermal.untrusted", "no trustworthy temperature (every trusted zone unreadable or absurd)"
-        if v.temp_c is None or k.sense.forecast_c is None:
-            return "thermal.unknown", "temperature unknown, staying hot"
-        if v.temp_c < v.hot_enter_c <= k.sense.forecast_c:
-            horizon = _n(pol.thermal.forecast_horizon_s)
+        temp, forecast = v.temp_c, sense.forecast_c
+        if sense.untrusted:
+            return "thermal.untrusted", lambda: "no trustworthy temperature (every trusted zone unreadable or absurd)"
+        if temp is None or forecast is None:
+            return "thermal.unknown", lambda: "temperature unknown, staying hot"
+        if temp < v.hot_enter_c <= forecast:
             return (
                 "thermal.forecast_enter",
-                f"forecast {k.sense.forecast_c:.1f} °C in {horizon} s ≥ {_n(v.hot_enter_c)} °C ({_headroom(v)})",
+                lambda: (
+                    f"forecast {forecast:.1f} °C in {_n(pol.thermal.forecast_horizon_s)} s ≥ {_n(v.hot_enter_c)} °C "
+                    f"({_headroom(v)})"
+                ),
             )
-        return "thermal.enter", f"{v.zone} {v.temp_c:.1f} °C ≥ {_n(v.hot_enter_c)} °C ({_headroom(v)})"
+        return "thermal.enter", lambda: f"{v.zone} {temp:.1f} °C ≥ {_n(v.hot_enter_c)} °C ({_headroom(v)})"
     if state == State.LOW_BATTERY:
-        level = "unknown" if pct is None else f"{pct:.0f} %"
-        return "battery.low", f"battery {level} ≤ {_n(pol.battery.low_percent)} % on battery power"
-    window = _n(pol.activity.window_s)
+        return "battery.low", lambda: f"battery {_level(pct)} ≤ {_n(pol.battery.low_percent)} % on battery power"
+    act = pol.activity
+    busy = sense.busy * 100
     if state == State.SUSTAINED:
-        busy, enter = k.sense.busy * 100, pol.activity.enter_fraction * 100
-        if round(busy) >= round(enter):
-            return "activity.sustained", f"engine busy {busy:.0f} % of the last {window} s ≥ {enter:.0f} %"
-        exit_pct = pol.activity.exit_fraction * 100  # still on by hysteresis: never "22 % ≥ 50 %"
-        return "activity.sustained", f"engine busy {busy:.0f} % of the last {window} s, until below {exit_pct:.0f} %"
-    return "activity.idle", f"engine busy {k.sense.busy * 100:.0f} % of the last {window} s"
+
+        def sustained() -> str:
+            if round(busy) >= round(act.enter_fraction * 100):
+                return f"engine busy {busy:.0f} % of the last {_n(act.window_s)} s ≥ {act.enter_fraction * 100:.0f} %"
+            # still on by hysteresis: never "22 % ≥ 50 %"
+            exit_pct = act.exit_fraction * 100
+            return f"engine busy {busy:.0f} % of the last {_n(act.window_s)} s, until below {exit_pct:.0f} %"
+
+        return "activity.sustained", sustained
+    return "activity.idle", lambda: f"engine busy {busy:.0f} % of the last {_n(act.window_s)} s"
 
 
-def _why_off(k: Tick, state: State) -> tuple[str, str]:
+def _why_off(k: Tick, state: State) -> tuple[str, Clause]:
     """(rule, clause) for a state's condition having ended."""
     v, pol = k.sense.view, k.policy
     pct = k.sense.battery.percent if k.sense.battery is not None else None
     if state == State.HOT:
-        temp = "unknown" if v.temp_c is None else f"{v.temp_c:.1f} °C"
-        return "thermal.exit", f"{v.zone or 'temperature'} {temp} < {_n(v.hot_exit_c)} °C"
+        temp = v.temp_c
+        return (
+            "thermal.exit",
+            lambda: (
+                f"{v.zone or 'temperature'} {'unknown' if temp is None else f'{temp:.1f} °C'} < {_n(v.hot_exit_c)} °C"
+            ),
+        )
     if state == State.CRITICAL:
-        return "critical.exit", "critical conditions cleared"
+        return "critical.exit", lambda: "critical conditions cleared"
     if state == State.LOW_BATTERY:
         if k.sense.on_power:
-            return "battery.plugged", f"on external power at {'unknown' if pct is None else f'{pct:.0f}'} %"
-        level = "unknown" if pct is None else f"{pct:.0f} %"
-        return (
-            "battery.recovered",
-            f"battery {level} > {_n(pol.battery.low_percent + pol.battery.hysteresis_percent)} %",
-        )
-    exit_pct = pol.activity.exit_fraction * 100
+            return "battery.plugged", lambda: f"on external power at {'unknown' if pct is None else f'{pct:.0f}'} %"
+        above = pol.battery.low_percent + pol.battery.hysteresis_percent
+        return "battery.recovered", lambda: f"battery {_level(pct)} > {_n(above)} %"
+    act, busy = pol.activity, k.sense.busy * 100
     return (
         "activity.idle",
-        f"engine busy {k.sense.busy * 100:.0f} % of the last {_n(pol.activity.window_s)} s < {exit_pct:.0f} %",
+        lambda: f"engine busy {busy:.0f} % of the last {_n(act.window_s)} s < {act.exit_fraction * 100:.0f} %",
     )
 
 
@@ -134,46 +153,42 @@ def _allocation(c: Choice) -> str:
     return text
 
 
-def rule_of(k: Tick) -> tuple[str, str]:
+def rule_of(k: Tick) -> tuple[str, Clause]:
     """The rule that fired this tick and its clause: a transition, a wait, a hold, the PI, or why the state holds.
-    Every tick needs the rule (the history keeps a decision when it changes); the rest of the why is `explain`'s."""
+    Every tick needs the rule (the history keeps a decision when it changes); the clause, like the rest of the why,
+    is formatted by `explain` when the reason is read."""
     v = k.sense.view
-    clauses: list[str] = []
     if k.state != k.previous_state:
         escalating = PRIORITY.index(k.state) < PRIORITY.index(k.previous_state)
-        rule, clause = _why_on(k, k.state) if escalating else _why_off(k, k.previous_state)
-        clauses.append(clause)
-    elif k.held_for_s > 0:
-        rule = "dwell.hold"
+        return _why_on(k, k.state) if escalating else _why_off(k, k.previous_state)
+    if k.held_for_s > 0:
         safer = PRIORITY.index(k.desired) < PRIORITY.index(k.state)
-        clause = _why_on(k, k.desired)[1] if safer else _why_off(k, k.state)[1]
-        clauses.append(f"{clause}, {k.desired.value} in {k.held_for_s:.1f} s (dwell)")
-    elif k.label != k.state:
-        rule = "hold.pin"
-        clauses.append(f"pinned by a client hold ({_why_on(k, k.state)[1]})")
-    elif k.state == State.HOT and k.pi_u is not None and v.temp_c is not None:
-        rule = "thermal.pi"
-        clauses.append(f"{_headroom(v)}, setpoint {_n(v.setpoint_c)} °C, PI output {k.pi_u:.2f}")
+        why = _why_on(k, k.desired)[1] if safer else _why_off(k, k.state)[1]
+        return "dwell.hold", lambda: f"{why()}, {k.desired.value} in {k.held_for_s:.1f} s (dwell)"
+    if k.label != k.state:
+        return "hold.pin", lambda: f"pinned by a client hold ({_why_on(k, k.state)[1]()})"
+    if k.state == State.HOT and k.pi_u is not None and v.temp_c is not None:
+        u = k.pi_u
+        return "thermal.pi", lambda: f"{_headroom(v)}, setpoint {_n(v.setpoint_c)} °C, PI output {u:.2f}"
+    rule, clause = _why_on(k, k.state)
+    if k.fit is not None and k.fit.wait is not None:
+        rule = "memory.wait"
+    elif k.sense.untrusted and k.state == State.HOT:
+        rule = "thermal.untrusted"
+    elif k.sense.pressure:
+        rule = "memory.pressure"
+    elif k.contention is not None and k.prev is not None and k.config.threads != k.prev.threads:
+        note = k.contention
+        rule, clause = "cpu.contention", lambda: _contention(note)[0]
+    elif k.ramping or (k.prev is not None and k.config.threads > k.prev.threads):
+        rule = "recover.step"
+    elif k.fit is not None and k.fit.bound != "profile" and k.prev is not None and k.config != k.prev:
+        rule = "memory.fit"
+    elif k.capped and k.prev is not None and k.config != k.prev:
+        rule = "hold.cap"
     else:
-        rule, clause = _why_on(k, k.state)
-        clauses.append(clause)
-        if k.fit is not None and k.fit.wait is not None:
-            rule = "memory.wait"
-        elif k.sense.untrusted and k.state == State.HOT:
-            rule = "thermal.untrusted"
-        elif k.sense.pressure:
-            rule = "memory.pressure"
-        elif k.contention is not None and k.prev is not None and k.config.threads != k.prev.threads:
-            rule, clauses[0] = "cpu.contention", _contention(k.contention)[0]
-        elif k.ramping or (k.prev is not None and k.config.threads > k.prev.threads):
-            rule = "recover.step"
-        elif k.fit is not None and k.fit.bound != "profile" and k.prev is not None and k.config != k.prev:
-            rule = "memory.fit"
-        elif k.capped and k.prev is not None and k.config != k.prev:
-            rule = "hold.cap"
-        else:
-            rule = f"state.{k.state.value}"
-    return rule, clauses[0]
+        rule = f"state.{k.state.value}"
+    return rule, clause
 
 
 def _threads(n: int) -> str:
@@ -197,11 +212,11 @@ def _contention(note: ThreadsNote) -> list[str]:
     return out
 
 
-def explain(k: Tick, fired: str, clause: str) -> tuple[str, Readings]:
+def explain(k: Tick, fired: str, clause: Clause) -> tuple[str, Readings]:
     """The reason (the rule's clause, then what changed and why) and the readings, when someone asks: `rule_of(k)` gave
     `fired` and `clause` at the tick."""
     pol, v = k.policy, k.sense.view
-    clauses = [clause]
+    clauses = [clause()]
     changes = _changes(k.prev, k.config, always=k.state == State.HOT)
     if changes:
         clauses.append(changes)
