@@ -12,6 +12,7 @@ moves its setpoint away from the trip while the kernel holds a step of its own.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Mapping
@@ -68,14 +69,15 @@ def discover_cpus(root: Root, reader: Reader) -> CpuInventory:
     return CpuInventory(tuple(cores), online if root.exists(online) else None)
 
 
-def parse_cpu_list(text: str) -> set[int]:
-    """The kernel's cpu list format: "0-3,5,7-8"."""
+@functools.lru_cache(maxsize=8)
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """The kernel's cpu list format: "0-3,5,7-8" (read every sample; it changes when a core is hot-plugged)."""
     cpus: set[int] = set()
     for part in text.split(","):
         first, _, last = part.strip().partition("-")
         if first:
             cpus.update(range(int(first), int(last or first) + 1))
-    return cpus
+    return frozenset(cpus)
 
 
 def read_cpu(
@@ -87,7 +89,7 @@ def read_cpu(
 ) -> Cpu:
     """`own_caps`: the kHz the governor wrote to each policy's `scaling_max_freq` (by `Core.policy`)."""
     load = load if load is not None else Load()
-    online: set[int] | None = None
+    online: frozenset[int] | None = None
     if inventory.online_path is not None:
         text = reader.text(inventory.online_path)
         if text is not None:

@@ -29,6 +29,8 @@ class Root:
         self.prefix = Path(prefix)
         self._base = str(self.prefix).rstrip("/")
         self._held: dict[str, int] = {}  # path -> descriptor kept open for re-reading (see `holding`)
+        # A held file can be renamed over only in a fake tree; the kernel's attributes fail their read once removed.
+        self._renamable = bool(self._base)
         self._holding = False
         weakref.finalize(self, _close_all, self._held)  # a sampler dropped without close() leaks no descriptor
 
@@ -49,7 +51,7 @@ class Root:
             fd = self._held.get(path)
             if fd is not None:
                 try:
-                    if os.fstat(fd).st_nlink:  # 0: deleted or renamed over (a fake tree's file): open the path again
+                    if not self._renamable or os.fstat(fd).st_nlink:  # 0: deleted or renamed over: open it again
                         return os.pread(fd, 65536, 0)
                 except OSError:  # e.g. ENODEV: the device went away; opening the path again says how
                     pass
@@ -71,8 +73,9 @@ class Root:
     def holding(self) -> Iterator[None]:
         """Reads in this block keep their regular files open and read them again with pread(2) next time: the
         sampler's per-tick files (sysfs and procfs make a fresh value at offset 0, as poll()-able attributes are read;
-        it saves open and close, most of a small file's cost). A descriptor whose read fails or whose file was deleted
-        is closed and the path opened again; `release()` (at every discovery and on close) closes them all."""
+        it saves open and close, most of a small file's cost). A descriptor whose read fails (a removed attribute:
+        ENODEV) or, under a prefix, whose file was deleted or renamed over (an fstat per read there) is closed and the
+        path opened again; `release()` (at every discovery and on close) closes them all."""
         self._holding = True
         try:
             yield
