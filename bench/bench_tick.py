@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the fake-tree
 
 from bench.bench_footprint import footprint_tree
 from governor import logs
-from governor.clock import RealClock
+from governor.clock import RealClock, Signal
 from governor.daemon.app import build
 from governor.daemon.client import ControlClient
 from governor.daemon.config import load_config
@@ -41,7 +41,7 @@ class SwitchableClock(RealClock):
 
     back_to_back = False
 
-    def wait(self, event: threading.Event, timeout_s: float) -> bool:
+    def wait(self, event: Signal, timeout_s: float) -> bool:
         return event.is_set() if self.back_to_back else super().wait(event, timeout_s)
 
 

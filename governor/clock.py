@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import threading
@@ -10,12 +11,51 @@ from collections.abc import Callable
 from typing import Protocol
 
 
+class Signal(Protocol):
+    """What a clock waits on: `threading.Event`, or the loop's `Wake`."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+class Wake:
+    """`threading.Event`'s set / is_set / clear / wait for one waiter (the loop), on a bare lock held while unset: a
+    wait is one futex with a timeout. `Event.wait` builds a Condition waiter each call (a lock allocated, a list
+    appended, the condition's lock taken and given back): 0.17-0.19 ms of CPU per wake after 0.25 s asleep on the
+    2-core VM, against 0.12 for a lock, and the mitigating loop wakes four times a second (issue 16).
+    Any thread may set it. A `set` racing a `clear` may leave one spurious early wake-up (the loop ticks early, as
+    for any wake), never a lost one after the `clear`."""
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        self._flag = True
+        with contextlib.suppress(RuntimeError):  # already released: set twice before the waiter woke
+            self._lock.release()
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def clear(self) -> None:
+        self._flag = False
+        self._lock.acquire(blocking=False)  # take back a release no wait consumed
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self._flag:
+            self._lock.acquire(True, -1 if timeout is None else timeout)
+        return self._flag
+
+
 class Clock(Protocol):
     def now(self) -> float:
         """Monotonic seconds."""
         ...
 
-    def wait(self, event: threading.Event, timeout_s: float) -> bool:
+    def wait(self, event: Signal, timeout_s: float) -> bool:
         """Wait until `event` is set or `timeout_s` passes; True if the event was set (tuned's terminate.wait)."""
         ...
 
@@ -24,7 +64,7 @@ class RealClock:
     def now(self) -> float:
         return time.monotonic()
 
-    def wait(self, event: threading.Event, timeout_s: float) -> bool:
+    def wait(self, event: Signal, timeout_s: float) -> bool:
         return event.wait(max(0.0, timeout_s))
 
 
@@ -51,7 +91,7 @@ class VirtualClock:
     def call_at(self, t: float, callback: Callable[[], None]) -> None:
         heapq.heappush(self._alarms, (t, next(self._order), callback))
 
-    def wait(self, event: threading.Event, timeout_s: float) -> bool:
+    def wait(self, event: Signal, timeout_s: float) -> bool:
         if event.is_set():
             return True
         deadline = self._now + max(0.0, timeout_s)

@@ -8,7 +8,7 @@ from typing import Protocol
 
 import structlog
 
-from governor.clock import Clock
+from governor.clock import Clock, Wake
 from policies.decision import Decision, EngineConfig, Hold
 from sensors.snapshot import EngineObservation, Snapshot
 
@@ -59,7 +59,7 @@ class GovernorLoop:
         self.before_tick = list(before_tick)  # run by `run()` between ticks: the daemon's reload
         self.last: Decision | None = None
         self._applied: EngineConfig | None = None
-        self.wake = threading.Event()  # set by udev events, a reload, a hold or the engine's news: tick now
+        self.wake = Wake()  # set by udev events, a reload, a hold or the engine's news: tick now
         self.max_wait_s: float | None = None  # never wait longer (systemd's watchdog wants a ping this often)
         self._log = structlog.get_logger("governor.loop")
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from govbase.errors import GovernorError
-from governor.clock import Clock, RealClock
+from governor.clock import Clock, RealClock, Wake
 from governor.daemon.config import DaemonConfig
 from governor.daemon.engine import SupervisedEngine, engine_command
 from governor.daemon.freqcap import FreqCap
@@ -92,7 +92,7 @@ def engine_options(decider: Decider) -> EngineOptions:
     return decider.policy.engine if isinstance(decider, StateMachine) else EngineOptions()
 
 
-def uevent_handler(sensors: object, wake: threading.Event) -> Callable[[UdevEvent], None]:
+def uevent_handler(sensors: object, wake: Wake | threading.Event) -> Callable[[UdevEvent], None]:
     """A charger plugged or a zone crossing a trip: tick now. Called on pyudev's thread, so it only sets flags."""
 
     def on_uevent(event: UdevEvent) -> None:

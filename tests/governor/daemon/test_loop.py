@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from governor.clock import VirtualClock
+from governor.clock import VirtualClock, Wake
 from governor.loop import GovernorLoop
 from policies.decision import Decision, EngineConfig, Hold, State
 from sensors.snapshot import EngineObservation, Snapshot, Temperature
@@ -152,3 +152,25 @@ def test_max_wait_caps_the_interval_for_the_watchdog() -> None:
     loop.max_wait_s = 0.4  # systemd wants a ping every 0.4 s; the decider would wait 1 s
     loop.run(stop)
     assert [round(t, 6) for t in times] == [0.0, 0.4, 0.8, 1.2]
+
+
+def test_the_loops_wake_behaves_as_an_event_for_its_one_waiter() -> None:
+    wake = Wake()
+    assert wake.wait(0.0) is False
+    wake.set()
+    wake.set()  # twice before anyone waited: no error, one wake
+    assert wake.is_set()
+    assert wake.wait(0.0) is True
+    assert wake.wait(0.0) is True  # stays set until cleared, as an Event does
+    wake.clear()
+    assert wake.wait(0.0) is False
+    waiting = threading.Thread(target=lambda: results.append(wake.wait(60.0)))
+    results: list[bool] = []
+    waiting.start()
+    threading.Timer(0.05, wake.set).start()  # from another thread, as udev, a reload or a hold does
+    waiting.join(60.0)
+    assert results == [True]
+    wake.clear()
+    wake.set()
+    wake.clear()  # a set undone before the wait: the wait times out
+    assert wake.wait(0.01) is False
