@@ -88,7 +88,8 @@ class EngineObservation(Frozen):
     rss_bytes: int | None = None
     loaded: bool | None = None  # False: the engine unloaded its model after --keep-alive idle seconds
     threads: int | None = None  # the threads the engine runs with now (what tokens_per_s was measured at)
-    context_tokens: int | None = Field(default=None, ge=0)  # tokens in the KV cache (the context's fill) now
+    # Tokens in the KV cache (the context's fill) now; at most the largest n_ctx a policy may set (policies' `Ctx`).
+    context_tokens: int | None = Field(default=None, ge=0, le=1 << 20)
     given_up: str | None = None  # the daemon's supervisor gave the engine up after repeated failures: why
 
 

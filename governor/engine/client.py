@@ -66,7 +66,7 @@ class EngineStatus(EngineConfig):
     busy: bool
     tokens_per_s: float | None = None
     queue_length: int = 0
-    context_tokens: int | None = Field(default=None, ge=0)
+    context_tokens: int | None = Field(default=None, ge=0, le=1 << 20)  # bounded as n_ctx is (policies' `Ctx`)
     rss_bytes: int | None = None
     loaded: bool | None = None  # None: an engine from before idle unload
     paused: str | None = None  # why the model is held unloaded (POST /engine/pause)

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import uvicorn
+from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -268,3 +269,11 @@ def test_closing_a_stream_disconnects_from_the_engine(fake_engine: tuple[FakeEng
         assert next(stream)["choices"][0]["delta"]["content"] == "gib"
         stream.close()
         assert engine.disconnected.wait(10)
+
+
+@pytest.mark.parametrize("fill", [-1, 1 << 21])
+def test_a_context_fill_out_of_range_is_refused_not_used(fill: int) -> None:
+    """The fill sizes the device model's memory ceiling: a status line or a trace claiming an impossible one is
+    a validation error that names the field, never a figure the allocator divides by."""
+    with pytest.raises(ValidationError, match="context_tokens"):
+        EngineObservation(busy=False, context_tokens=fill)
