@@ -105,22 +105,25 @@ class Grid:
 
 
 def measure(client: object, model: str, fill: int, tokens: int) -> tuple[float, float]:
-    """(decode tokens/s, time to first token) of one streamed answer after a prompt of about `fill` tokens."""
+    """(decode tokens/s, time to first token) of one streamed answer after a prompt of about `fill` tokens.
+
+    The decode rate is the engine's own (`governor.decode_tokens_per_s` on the finishing chunk: the tokens after the
+    first over the time llama.cpp took to make them), not the chunks' arrival: the engine batches a stream's text
+    when its threads take every CPU, and a random-weight model's first tokens may be no text at all, so the client
+    can see a whole answer arrive within microseconds."""
     from governor.engine.client import EngineClient
 
     assert isinstance(client, EngineClient)
     prompt = (FILL_WORD * max(0, fill - 8)) + "Tell me a story."
     start = time.perf_counter()
-    first = end = 0.0
+    first, rate = 0.0, 0.0
     messages = [{"role": "user", "content": prompt}]
     for chunk in client.stream_chat(messages, model=model, max_tokens=tokens, ignore_eos=True):
-        now = time.perf_counter()
         choices = chunk.get("choices") or [{}]
-        if choices[0].get("delta", {}).get("content"):
-            first = first or now
+        if not first and choices[0].get("delta", {}).get("content"):
+            first = time.perf_counter()  # the first text the user sees
         if choices[0].get("finish_reason"):
-            end = now
-    rate = (tokens - 1) / (end - first) if end > first else 0.0
+            rate = float((chunk.get("governor") or {}).get("decode_tokens_per_s") or 0.0)
     return rate, (first - start) if first else 0.0
 
 
@@ -177,7 +180,12 @@ def prior_of(runs: Sequence[Measured], base: Power) -> Power:
         for r in runs
         if r.tier == tier and r.ctx_fill == fill and r.freq_ratio == 1.0 and r.tokens_per_s > 0
     ]
-    return base.model_copy(update={"thread_tok_s": round(max(per_thread), 3)} if per_thread else {})
+    if not per_thread:
+        return base
+    try:  # validated as the loader will: a prior this command writes is one `--device-model` accepts
+        return Power.model_validate({**base.model_dump(), "thread_tok_s": round(max(per_thread), 3)})
+    except ValidationError as exc:
+        raise GovernorError(f"measured {max(per_thread):g} tok/s per thread: {exc.errors()[0]['msg']}") from exc
 
 
 def write_toml(path: Path, power: Power, runs: Sequence[Measured], header: str) -> None:

@@ -75,6 +75,15 @@ class Run:
     evaluated_from: int = 0  # the model's evaluated-token counter when this answer's prompt evaluation began
     prompt_evaluated: int | None = None  # prompt tokens evaluated for this answer (known once the prefill ended)
     shifted: int = 0  # tokens the context shift removed from the cache for this answer
+    decoded: int = 0  # tokens decoded after the first (the first one's call also evaluated the prompt) ...
+    decode_s: float = 0.0  # ... and the seconds they took: the answer's own decode rate, free of the stream's pace
+
+    def decoded_one(self, seconds: float) -> None:
+        self.decoded += 1
+        self.decode_s += seconds
+
+    def decode_tokens_per_s(self) -> float | None:
+        return round(self.decoded / self.decode_s, 3) if self.decoded and self.decode_s > 0 else None
 
 
 def usage(prompt: int, completion: int) -> dict[str, int]:

@@ -292,6 +292,7 @@ class Worker(Pausing):
             "context": self._context(),
             "shifted_tokens": run.shifted,
             "prompt_tokens_evaluated": run.prompt_evaluated,
+            "decode_tokens_per_s": run.decode_tokens_per_s(),
         }
         assert run.finish is not None  # _decode returns only once it is set
         return Ended(run.finish, usage(run.n_prompt, run.n_completion), info)
@@ -344,6 +345,7 @@ class Worker(Pausing):
             t1 = time.perf_counter()
             if run.n_completion:  # the first call also evaluated the prompt
                 self.decode_tokens_per_s = _ewma(self.decode_tokens_per_s, t1 - t0)
+                run.decoded_one(t1 - t0)
             eog, data = m.token(token)
             # With a grammar, an end token means the output is complete (the grammar allows nothing else then).
             if eog and (not job.request.ignore_eos or job.constraint.grammar is not None):

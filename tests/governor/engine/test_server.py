@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import socket
 import stat
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,9 @@ def test_socket_is_private(engine: Engine) -> None:
 
 
 def test_chat_answers_with_usage(engine: Engine) -> None:
+    start = time.perf_counter()
     r = engine.chat(model="small", messages=user("hello"), max_tokens=8, temperature=0.0, ignore_eos=True)
+    wall_s = time.perf_counter() - start
     assert r.status_code == 200, r.text
     body = r.json()
     choice = body["choices"][0]
@@ -59,6 +63,8 @@ def test_chat_answers_with_usage(engine: Engine) -> None:
     # This tier's q8_0 cache with head_dim 32 is one llama.cpp cannot move (LoadedModel.can_shift)
     assert body["governor"]["context"] == "reevaluate"
     assert 0 < body["governor"]["prompt_tokens_evaluated"] <= usage["prompt_tokens"]
+    # the 7 tokens after the first took no longer than the whole request
+    assert 7 / wall_s <= body["governor"]["decode_tokens_per_s"] < math.inf
 
 
 def test_model_may_be_left_out_like_llama_cpp_server(engine: Engine) -> None:
@@ -83,6 +89,8 @@ def test_stream_matches_usage(engine: Engine) -> None:
     assert seen.finish_reason == "length"
     assert seen.usage is not None
     assert seen.usage["completion_tokens"] == 16
+    finishing = [c for c in seen.chunks if "usage" in c]
+    assert finishing[0]["governor"]["decode_tokens_per_s"] > 0  # the engine's decode rate, whatever the stream's pace
 
 
 def test_stop_sequence_ends_the_answer(engine: Engine) -> None:
