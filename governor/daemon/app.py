@@ -173,7 +173,7 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
         status = watch.fresh((watch.heartbeat_s or 0.0) + timeout_s)
         if status is None or not ours((status.model_extra or {}).get("pid")):
             return False
-        engine.correct_drift(status.model_dump())
+        engine.correct_drift(status)
         return True
 
     loop_ref: list[GovernorLoop] = []  # the supervisor and holds wake the loop, which is built after them

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
 import structlog
+from pydantic import BaseModel
 
 from govbase.errors import GovernorError
 from governor.daemon.supervisor import EngineSupervisor
@@ -97,6 +97,7 @@ class SupervisedEngine:
         self._paused: tuple[int, str | None] = (0, None)  # (engine start, reason) the engine was told last
         self._in_flight = False
         self._stopping = False
+        self._agreed: tuple[object, EngineConfig | None] = (None, None)  # the status and config last found to agree
         self._stats: ProcessStats | None = None
         self._thread = threading.Thread(target=self._apply_latest, name="engine-applier", daemon=True)
         self._thread.start()
@@ -162,16 +163,20 @@ class SupervisedEngine:
         except (GovernorError, OSError) as exc:  # e.g. it is being stopped (a new one starts unpaused)
             self._log.warning("engine did not take the pause", error=str(exc), reason=reason)
 
-    def correct_drift(self, running: Mapping[str, object]) -> None:
+    def correct_drift(self, running: BaseModel) -> None:
         """The engine runs other settings than the loop wants (someone posted to its /engine/config): log the drift
-        and apply ours again. Not while a config is on its way to it (the engine may be half way there)."""
+        and apply ours again. Not while a config is on its way to it (the engine may be half way there). An idle
+        engine's heartbeat repeats its last status object: a status found to agree with ours is not compared again."""
         desired = self.supervisor.desired
+        if self._agreed[0] is running and self._agreed[1] is desired:
+            return
         with self._cond:
             if desired is None or self._in_flight or self._next is not None or self._stopping:
                 return
-            ours = desired
-            drift = {k: [running.get(k), v] for k, v in ours.model_dump().items() if running.get(k) != v}
+            ours, fields = desired, running.model_dump()
+            drift = {k: [fields.get(k), v] for k, v in ours.model_dump().items() if fields.get(k) != v}
             if not drift:
+                self._agreed = (running, desired)
                 return
             self._next = ours
             self._cond.notify()

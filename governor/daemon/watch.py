@@ -90,6 +90,10 @@ class EngineWatch:
         while not self._stop.is_set():
             try:
                 for status in self.source.events(heartbeat_s=self.heartbeat_s):
+                    if status is self.status:  # a heartbeat with nothing new: alive, and that is all
+                        self.last_seen_s = self._monotonic()
+                        self.lines += 1
+                        continue
                     self.status = status
                     self._seen(status.observation())
                     delay = RETRY_S[0]

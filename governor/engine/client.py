@@ -182,7 +182,8 @@ class EngineClient:
     def events(self, *, heartbeat_s: float | None = None) -> Generator[EngineStatus, None, None]:
         """`GET /engine/events`: the status now and each time it changes, on one connection (close to stop).
 
-        With `heartbeat_s` the engine writes at least that often, and silence for three heartbeats is an error.
+        With `heartbeat_s` the engine writes at least that often, and silence for three heartbeats is an error; a
+        heartbeat that brings nothing new (a blank line) yields the last status again, the same object.
         """
         params = {} if heartbeat_s is None else {"heartbeat_s": heartbeat_s}
         timeout = self._timeout(None if heartbeat_s is None else 3 * heartbeat_s)
@@ -193,9 +194,12 @@ class EngineClient:
                     raise self._error(response)
                 self._streams.add(response)
                 try:
+                    last: EngineStatus | None = None
                     for line in response.iter_lines():
                         if line:
-                            yield self._parse_json(EngineStatus, line, response)
+                            last = self._parse_json(EngineStatus, line, response)
+                        if last is not None:
+                            yield last
                 finally:
                     self._streams.discard(response)
         except httpx.TransportError as exc:

@@ -5,7 +5,9 @@ The daemon used to poll `GET /engine/status` every tick: a fresh HTTP round trip
 line when something the governor reads changes: busy or idle (a request arriving wakes the daemon at once), the
 settings after a change, and while generating a refresh every `busy_refresh_s` (the decode rate the daemon
 shows). An idle engine writes nothing and wakes for nothing; `?heartbeat_s=N` asks for a line at least every N s
-(a liveness signal for a client that wants one). The stream ends when the client goes away or the engine stops.
+(a liveness signal for a client that wants one): a blank line when the status is the one last written, so an idle
+engine's heartbeat costs neither side a JSON document (the daemon's is every 5 s, all day: issue 16). The stream
+ends when the client goes away or the engine stops.
 """
 
 from __future__ import annotations
@@ -59,10 +61,13 @@ class StatusFeed:
             self._loop = asyncio.get_running_loop()
         if self._event is None:
             self._event = asyncio.Event()
+        last: dict[str, Any] | None = None
         try:
             while not self.closed and not gone.done():
                 event = self._event
-                yield json.dumps(self._status(), separators=(",", ":")) + "\n"
+                status = self._status()
+                yield "\n" if status == last else json.dumps(status, separators=(",", ":")) + "\n"
+                last = status
                 timeout = self.busy_refresh_s if self._busy() else heartbeat_s
                 waiter: asyncio.Future[Any] = asyncio.ensure_future(event.wait())
                 waiters: set[asyncio.Future[Any]] = {waiter, gone}

@@ -72,6 +72,26 @@ def test_the_latest_status_is_read_without_io_and_a_request_wakes_the_loop() -> 
     assert not watch._thread.is_alive()
 
 
+def test_a_heartbeat_with_nothing_new_says_the_engine_lives_and_nothing_else() -> None:
+    source, wakes, now = FakeSource(), [], [100.0]
+    watch = EngineWatch(source, on_change=lambda: wakes.append(1), heartbeat_s=5.0, monotonic=lambda: now[0])
+    watch.kick()
+    try:
+        first = status()
+        source.lines.put(first)
+        eventually(lambda: watch.lines == 1)
+        seen = watch.latest
+        now[0] = 105.0
+        source.lines.put(first)  # the client's reading of a blank heartbeat line: the last status, the same object
+        eventually(lambda: watch.lines == 2)
+        assert watch.last_seen_s == 105.0
+        assert watch.fresh(1.0) is first
+        assert watch.latest is seen  # not rebuilt
+        assert len(wakes) == 1
+    finally:
+        watch.close()
+
+
 def test_a_lost_engine_reads_as_none_and_the_watch_reconnects() -> None:
     source, wakes = FakeSource(), []
     watch = EngineWatch(source, on_change=lambda: wakes.append(1))
