@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the daemon ha
 
 from bench.engine_common import llama_cpp_server, llama_cpp_server_env, served
 from governor.engine.client import EngineClient
-from governor.engine.demo import write_demo_models
+from governor.engine.demo import RANDOM_DIR, write_demo_models
 from policies.ladder import load_ladder
 from tests.governor.daemon.daemon_proc import DaemonProc, device_tree
 from tests.helpers import eventually
@@ -264,7 +264,7 @@ def main() -> int:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gvfp", dir="/tmp"))
     try:
-        ladder_path = write_demo_models(REPO / "demo-models")
+        ladder_path = write_demo_models(REPO / RANDOM_DIR)
         with governed(work, ladder_path) as daemon:
             engine_pid = int(daemon.wait_ready(180)["supervisor"]["pid"])
             if "idle" in args.phases:

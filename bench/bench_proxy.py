@@ -131,7 +131,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.runs, args.tokens = 3, 48
-    ladder_path = demo.write_demo_models(Path(os.environ.get("GOVERNOR_DEMO_DIR") or ROOT / "demo-models"))
+    ladder_path = demo.write_demo_models(Path(os.environ.get("GOVERNOR_DEMO_DIR") or ROOT / demo.RANDOM_DIR))
     tier = args.tier or load_ladder(ladder_path).tiers[0].name
     for mode in args.mode or ("local", "routed"):
         measure(mode, ladder_path, tier, args.runs, args.tokens)

@@ -29,7 +29,7 @@ from governor.clock import RealClock, Signal
 from governor.daemon.app import build
 from governor.daemon.client import ControlClient
 from governor.daemon.config import load_config
-from governor.engine.demo import write_demo_models
+from governor.engine.demo import RANDOM_DIR, write_demo_models
 from tests.helpers import eventually
 
 REPO = Path(__file__).resolve().parent.parent
@@ -74,7 +74,7 @@ def main() -> int:
     (work / "policy.toml").write_text((REPO / "policies" / "profiles" / "default.toml").read_text())
     (work / "governor.toml").write_text("[restart]\ninitial_s = 0.2\n")
     overrides = {
-        "policy": str(work / "policy.toml"), "root": tree.root, "models": write_demo_models(REPO / "demo-models"),
+        "policy": str(work / "policy.toml"), "root": tree.root, "models": write_demo_models(REPO / RANDOM_DIR),
         "control_socket": sockets / "c.sock", "engine_socket": sockets / "e.sock", "state_dir": work / "state",
         "group": None, "metrics_textfile": None, "udev": False,
     }  # fmt: skip
