@@ -9,11 +9,13 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from governor.daemon.client import ControlClient
+from governor.daemon.control import ControlError
 from governor.engine.client import EngineClient
 from tests.helpers import eventually
 from tests.sensors.tree import FakeTree
@@ -114,6 +116,8 @@ class DaemonProc:
         ]  # fmt: skip
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=os.environ | (env or {}))
+        self.launched = time.monotonic()
+        self.not_ready: str | None = None  # why the last wait_ready gave up, for stop() to repeat
         self.client = ControlClient(self.control, timeout_s=30.0)
         self.engine = EngineClient(self.engine_socket, timeout_s=10.0)
 
@@ -124,18 +128,41 @@ class DaemonProc:
 
     def check_alive(self) -> None:
         if self.proc.poll() is not None:
-            raise RuntimeError(f"governor run exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+            raise RuntimeError(f"governor run exited with {self.proc.returncode}:\n{self.log_tail()}")
 
     def wait_ready(self, timeout_s: float = 90.0) -> dict[str, Any]:
+        """The status once the engine is up and observed. Until then the control socket may be missing, or there with
+        nobody listening: the daemon binds it a moment before it listens, and a run killed with -9 leaves its file
+        for the next one to clear. Both are "not yet"; any other control error fails at once."""
+
         def ready() -> dict[str, Any]:
             self.check_alive()
             assert self.control.exists(), "no control socket yet"
-            status = self.status()
+            try:
+                status = self.status()
+            except ControlError as exc:
+                refused = exc.__context__  # the OSError the client met (raised `from None`): its kind says "not yet"
+                if not isinstance(refused, ConnectionRefusedError | FileNotFoundError):
+                    raise
+                raise AssertionError(f"control socket there, nobody listening on it yet ({refused.strerror})") from exc
             assert status["supervisor"]["ready"], "engine not ready yet"
             assert status["engine"], "engine not observed yet"
             return status
 
-        return eventually(ready, timeout_s=timeout_s, interval_s=0.1)
+        try:
+            return eventually(ready, timeout_s=timeout_s, interval_s=0.1)
+        except (AssertionError, ControlError) as exc:
+            self.not_ready = str(exc)
+            raise AssertionError(
+                f"governor run not ready {self.age_s():.1f} s after launch: {exc}\n{self.log_tail()}"
+            ) from exc
+
+    def age_s(self) -> float:
+        return time.monotonic() - self.launched
+
+    def log_tail(self, chars: int = 4000) -> str:
+        log = self.log()
+        return f"its log ends:\n{log[-chars:]}" if log else "its log is empty"
 
     def engine_threads(self) -> int:
         return self.engine.status().threads
@@ -151,6 +178,10 @@ class DaemonProc:
         return out
 
     def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM, then the exit code (0 after a clean phased shutdown).
+
+        A daemon the SIGTERM kills (-15) had not installed its handlers: it was still starting, so whatever
+        stopped it early (a failed wait_ready, said here again) is the error, not the exit code."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -159,6 +190,12 @@ class DaemonProc:
                 self.proc.kill()
                 self.proc.wait()
         self.engine.close()
+        if self.proc.returncode == -signal.SIGTERM:
+            why = f"; wait_ready had given up: {self.not_ready}" if self.not_ready else ""
+            raise AssertionError(
+                f"governor run was still starting when stopped {self.age_s():.1f} s after launch (SIGTERM killed it "
+                f"before it installed its handlers){why}\n{self.log_tail()}"
+            )
         return self.proc.returncode
 
 
