@@ -29,7 +29,8 @@ STEPS = (1.0, 0.958, 0.917, 0.875, 0.833, 0.792, 0.75, 0.708, 0.667, 0.625, 0.5,
 def allocator_ms(n: int) -> float:
     """The allocator and the device model's update alone: the context fill, one observe() and one allocate() per
     tick."""
-    from policies.allocator import DeviceModel, allocate
+    from policies.allocator import allocate
+    from policies.devicemodel import DeviceModel
     from policies.schema import Power
 
     model = DeviceModel(Power())

@@ -80,7 +80,7 @@ class EngineStatus(EngineConfig):
             rss_bytes=self.rss_bytes,
             loaded=self.loaded,
             threads=self.threads,  # what tokens_per_s was measured at (policies/contention.py)
-            context_tokens=self.context_tokens,  # the memory ceiling falls as it fills (policies/allocator.py)
+            context_tokens=self.context_tokens,  # the memory ceiling falls as it fills (policies/devicemodel.py)
         )
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import random
 
 from policies import StateMachine
-from policies.allocator import Choice, DeviceModel, PowerAllocator, allocate
+from policies.allocator import Choice, PowerAllocator, allocate
 from policies.decision import State
+from policies.devicemodel import DeviceModel
 from policies.loader import load_policy
 from policies.memfit import ModelFootprint
 from policies.schema import Power
