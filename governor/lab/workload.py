@@ -102,6 +102,11 @@ class WorkloadSpec(Spec):
     def duration_s(self) -> float:
         return sum(p.duration_s for p in self.phase)
 
+    def without_questions(self) -> WorkloadSpec:
+        """The same run with nothing asked: the other programs, the room and the charger as they are (the world
+        alone, what no setting of the engine's can take away)."""
+        return self.model_copy(update={"phase": (PhaseSpec(kind="idle", duration_s=self.duration_s),)})
+
 
 def load_workload(name_or_file: str | Path) -> WorkloadSpec:
     return load_model(resolve("workloads", str(name_or_file)), WorkloadSpec)

@@ -9,7 +9,7 @@ import pytest
 from governor.lab.deciders import NONE, Ungoverned, decider_for, load_policy
 from governor.lab.device import load_device
 from governor.lab.experiment import Summary, simulate
-from governor.lab.workload import PhaseSpec, load_workload
+from governor.lab.workload import load_workload
 
 
 @cache
@@ -53,8 +53,7 @@ def test_default_beside_a_hog_keeps_the_phones_skin_under_its_trip() -> None:
 def test_a_build_alone_throttles_the_phone() -> None:
     """busy-machine on the phone is bounded by the world: with no questions at all the build takes the skin past
     its trip (so no engine setting can keep it under)."""
-    device, busy = load_device("phone"), load_workload("busy-machine")
-    alone = busy.model_copy(update={"phase": (PhaseSpec(kind="idle", duration_s=busy.duration_s),)})
+    device, alone = load_device("phone"), load_workload("busy-machine").without_questions()
     s = simulate(device, Ungoverned(device), alone, policy_name=NONE).summary
     assert s.tokens == 0
     assert s.peak_c > s.trip_c

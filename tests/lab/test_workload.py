@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from governor.lab.workload import Driver, EventSpec, PhaseSpec, WorkloadSpec
+from governor.lab.workload import Driver, EventSpec, PhaseSpec, WorkloadSpec, load_workload
 
 
 def chat(duration_s: float = 100.0) -> WorkloadSpec:
@@ -57,3 +57,13 @@ def test_events_fire_once_in_time_order() -> None:
     assert driver.events(5.0) == []
     assert [e.at_s for e in driver.events(60.0)] == [10.0, 50.0]
     assert driver.events(100.0) == []
+
+
+def test_the_world_alone_asks_nothing_for_as_long_and_keeps_the_other_programs() -> None:
+    busy = load_workload("busy-machine")
+    alone = busy.without_questions()
+    assert alone.duration_s == busy.duration_s
+    assert alone.background_load == busy.background_load
+    assert alone.event == busy.event
+    driver = Driver(alone)
+    assert [driver.arrivals(t) for t in (0.0, 600.0, busy.duration_s)] == [[], [], []]
