@@ -6,7 +6,8 @@ load changes only how long this takes. Prints a markdown table (cells that miss 
 any cell misses one. The throttled column also shows the world alone: the same device and workload with no question
 asked (the engine loaded and idle, the other programs as they are), i.e. what no policy of the engine's can take
 away; a throttling or peak miss where the world alone throttles more than the goal allows, or passes the trip, is marked
-"world-bound".
+"world-bound", and a tokens miss where `none` leads only by the tokens of answers the kernel killed mid-stream (they
+were streamed, then the client got an error) says so.
 Usage: .venv/bin/python bench/lab_grid.py [--workload W ...] [--device D ...] [--jobs N]
 """
 
@@ -53,7 +54,8 @@ def one(job: tuple[str, str, str]) -> Summary:
 def misses(s: Summary, none: Summary, world: Summary) -> list[str]:
     out = []
     if s.tokens < none.tokens:
-        out.append("tokens")
+        killed = f"tokens (none's lead is {none.lost_tokens:g} tokens of answers killed mid-stream)"
+        out.append(killed if s.tokens - s.lost_tokens >= none.tokens - none.lost_tokens else "tokens")
     if s.j_per_token is not None and none.j_per_token is not None and s.j_per_token > none.j_per_token:
         out.append("J/token")
     if s.throttled_pct > MAX_THROTTLED_PCT:

@@ -41,6 +41,7 @@ def batch_efficiency(n_batch: int) -> float:
 @dataclass
 class EngineStats:
     tokens: float = 0.0
+    lost_tokens: float = 0.0  # of `tokens`, those of answers the kernel killed mid-stream (the client got an error)
     decode_s: float = 0.0
     prefill_tokens: float = 0.0
     answers: int = 0
@@ -86,6 +87,7 @@ class EngineSim(Swapping):
         self.current: Request | None = None
         self.prefill_left = 0.0
         self.answer_left = 0.0
+        self.answer_done = 0.0  # tokens of the current answer so far
         self.stats = EngineStats()
         self.finished: list[float] = []  # times answers ended (or failed), for the chat driver
         self.window_tokens = 0.0  # since the last observe()
@@ -234,6 +236,7 @@ class EngineSim(Swapping):
         self._cached.clear()  # memory ran out: the page cache was dropped first
         if self.current is not None:
             self.stats.failed += 1
+            self.stats.lost_tokens += self.answer_done
             self.current = None
             self.finished.append(t)
         if self.waiting is not None:  # nothing fits: the daemon does not start it into the same wall
@@ -291,6 +294,7 @@ class EngineSim(Swapping):
         self.current = request
         self.prefill_left = prefill
         self.answer_left = min(float(request.answer_tokens), n_ctx - self.ctx - prefill)
+        self.answer_done = 0.0
         if self.answer_left < request.answer_tokens:
             self.stats.truncated += 1
 
@@ -377,6 +381,7 @@ class EngineSim(Swapping):
                     self.current.first_token_s = now + 1.0 / rate
                     self.stats.ttft_s.append(self.current.first_token_s - self.current.arrival_s)
                 self.answer_left -= done
+                self.answer_done += done
                 self.ctx += done
                 self.stats.tokens += done
                 self.stats.decode_s += spent

@@ -27,6 +27,7 @@ class Summary(BaseModel):
     workload: str
     minutes: float
     tokens: float
+    lost_tokens: float = 0.0  # of `tokens`, those of answers killed mid-stream (streamed, then an error)
     answers: int
     failed: int
     mean_tokens_per_s: float | None
@@ -159,6 +160,7 @@ def summarize(
         workload=workload,
         minutes=world.t / 60,
         tokens=round(tokens),
+        lost_tokens=round(stats.lost_tokens),
         answers=stats.answers + routed_answers,
         failed=stats.failed,
         mean_tokens_per_s=stats.tokens / stats.decode_s if stats.decode_s else None,

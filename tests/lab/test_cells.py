@@ -68,6 +68,11 @@ def test_a_tier_change_does_not_leave_the_clock_chasing_another_models_ceiling()
     ungoverned = cell("n100-fanless-8b", NONE, "memory-squeeze-1g")
     assert governed.tokens >= 0.99 * ungoverned.tokens
     assert governed.oom_kills == 0
+    # The rest of `none`'s lead is answers the kernel killed mid-stream: streamed, then an error; the governed run
+    # completed more answers and lost none.
+    assert ungoverned.lost_tokens > ungoverned.tokens - governed.tokens
+    assert governed.lost_tokens == 0
+    assert governed.answers > ungoverned.answers
 
 
 @pytest.mark.slow
