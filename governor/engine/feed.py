@@ -62,16 +62,21 @@ class StatusFeed:
         if self._event is None:
             self._event = asyncio.Event()
         last: dict[str, Any] | None = None
+        timed_out = False  # the last wait ended on its timeout: a line is due even if nothing changed
         try:
             while not self.closed and not gone.done():
                 event = self._event
                 status = self._status()
-                yield "\n" if status == last else json.dumps(status, separators=(",", ":")) + "\n"
-                last = status
+                if status != last:
+                    yield json.dumps(status, separators=(",", ":")) + "\n"
+                    last = status
+                elif timed_out:
+                    yield "\n"  # nothing new: a change notice that changed nothing writes nothing at all
                 timeout = self.busy_refresh_s if self._busy() else heartbeat_s
                 waiter: asyncio.Future[Any] = asyncio.ensure_future(event.wait())
                 waiters: set[asyncio.Future[Any]] = {waiter, gone}
-                await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                timed_out = not done
                 waiter.cancel()
         finally:
             gone.cancel()
