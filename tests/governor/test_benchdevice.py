@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from govbase.errors import GovernorError
-from governor.benchdevice import load_device_model
+from governor.benchdevice import Measured, load_device_model, prior_of
 from policies import StateMachine, load_policy
+from policies.schema import Power
 
 
 @pytest.mark.slow
@@ -42,3 +43,13 @@ def test_a_wrong_device_file_names_the_field(tmp_path: Path) -> None:
     bad.write_text("[power]\nthread_toks = 3\n")
     with pytest.raises(GovernorError, match=r"power.thread_toks: Extra inputs are not permitted"):
         load_device_model(bad)
+
+
+def test_a_prior_out_of_range_is_refused_before_it_is_written() -> None:
+    """A stream timed by its chunks once gave 337,674 tok/s per thread: written, then refused by the loader."""
+    run = Measured(
+        tier="small", kv_type="f16", threads=1, freq_ratio=1.0, ctx_fill=0, tokens_per_s=337674.868, ttft_s=0, rss_mb=1
+    )
+    with pytest.raises(GovernorError, match=r"measured 337675 tok/s per thread: .*less than or equal to 100000"):
+        prior_of([run], Power())
+    assert prior_of([run.model_copy(update={"tokens_per_s": 120.6})], Power()).thread_tok_s == 120.6
