@@ -61,6 +61,7 @@ class GovernorLoop:
         self._applied: EngineConfig | None = None
         self.wake = Wake()  # set by udev events, a reload, a hold or the engine's news: tick now
         self.max_wait_s: float | None = None  # never wait longer (systemd's watchdog wants a ping this often)
+        self.wake_at: float | None = None  # a hook's one-off: wake by this clock time (a reload put off till then)
         self._log = structlog.get_logger("governor.loop")
 
     def tick(self) -> Decision:
@@ -90,6 +91,8 @@ class GovernorLoop:
             try:
                 for hook in self.before_tick:
                     hook()
+                if stop.is_set():  # a hook took a stop signal: no tick after it
+                    break
                 decision = self.tick()
                 interval = self.decider.interval_s(decision)
             except Exception as exc:
@@ -98,5 +101,8 @@ class GovernorLoop:
                 interval = on_error(exc)
             if self.max_wait_s is not None:
                 interval = min(interval, self.max_wait_s)
+            if self.wake_at is not None:
+                interval = min(interval, self.wake_at - self.clock.now())
+                self.wake_at = None
             self.clock.wait(self.wake, interval)
             self.wake.clear()

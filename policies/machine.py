@@ -315,7 +315,16 @@ class StateMachine:
         if pin is None and (self.state == State.LOW_BATTERY or trig[State.LOW_BATTERY].on):
             active.append(limits[State.LOW_BATTERY])  # a client's pin overrides low battery, never hot or critical
         view = sense.view
-        if self.state == State.HOT:
+        if self.state == State.HOT and sense.untrusted and view.temp_c is None:
+            # No temperature to control on: the hot profile at its floor (threads, rate and clock as low as hot
+            # goes), not the PI's last output (at start: the sustained profile, as if nothing were wrong). The PI
+            # starts again, bumpless from these limits, once a zone reads.
+            self._pi, self._pi_u = None, None
+            active.append(self._hot_at(0.0))
+            if self.power.enabled:
+                choice = self.power.allocate(0.0, self._cpus)
+                active.append(self._limits[State.HOT].at(choice.threads, choice.rate))
+        elif self.state == State.HOT:
             u = self._pi_output(view.setpoint_c, view.hot_exit_c, view.temp_c, prev, t)
             if not self.power.enabled:
                 active.append(self._hot_at(u))

@@ -1,7 +1,8 @@
 """The running daemon: signals, reload, readiness, the control API, and the phased shutdown.
 
-Everything is built elsewhere (`governor.daemon.app.build`) and passed in. Signal handlers only set flags and wake
-the loop; the loop's thread reloads between ticks, and the main thread shuts down after the loop returns.
+Everything is built elsewhere (`governor.daemon.app.build`) and passed in. Signal handlers only record the signal and
+wake the loop (governor/daemon/signals.py); the loop's thread stops or reloads between ticks, and the main thread shuts
+down after the loop returns.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, TimeoutError
 from dataclasses import asdict
-from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
@@ -27,6 +27,7 @@ from governor.daemon.engine import SupervisedEngine
 from governor.daemon.holds import HoldRegistry
 from governor.daemon.metrics import DaemonMetrics
 from governor.daemon.notify import Notifier
+from governor.daemon.signals import SignalInbox
 from governor.daemon.state import DaemonState
 from governor.daemon.supervisor import EngineSupervisor, SupervisedDecider
 from governor.loop import Decider, GovernorLoop
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
     from governor.daemon.routing import Router
 
 RELOAD_WAIT_S = 30.0
+# SIGHUPs closer together than this make one reload at the end of the gap: a storm of them costs two reloads a
+# second, and a lone one is taken at once (the loop is woken for it).
+RELOAD_SPACING_S = 0.5
 ERROR_PAUSE_S = 1.0  # after a tick that failed unexpectedly, the next try comes this much later
 # systemd's STATUS= line: a new state at once, a new reason in the same state at most this often. While mitigating
 # the reason changes every 0.25 s tick (the temperature, the PI output), and each message wakes PID 1.
@@ -84,11 +88,14 @@ class Daemon:
         self._actuators = dict(actuators or {})  # name -> its status (e.g. the CPU frequency cap and if writable)
         self.router = router
         self.stop = threading.Event()
-        self._reload = threading.Event()
+        self._reload = threading.Event()  # `governor reload` (a control thread) asks
+        self.signals = SignalInbox(loop.wake, on_again=supervisor.hurry)
+        self._reloaded_t = float("-inf")
         self._waiters: list[Future[dict[str, Any]]] = []
         self._waiters_lock = threading.Lock()
         self.policy_name = config.policy
         self.policy_error: str | None = None
+        self.reloads = 0  # done (failed ones included): coalesced SIGHUPs count once
         self.loop_errors = 0
         self.last_error: str | None = None  # the latest unexpected failure in the loop, for status
         self._ready_sent = False
@@ -105,7 +112,7 @@ class Daemon:
     # -- lifecycle ------------------------------------------------------------------------------------------------
     def run(self) -> int:
         """Serve until SIGTERM/SIGINT (or `stop` is set); then shut down in phases."""
-        self._install_signals()
+        self.signals.install()
         try:
             self.control.start()
             self.proxy.start()
@@ -115,9 +122,11 @@ class Daemon:
             self.loop.run(self.stop, on_error=self._tick_failed)
         finally:
             self.shutdown()
+            self.signals.ignore()
         return 0
 
     def request_stop(self) -> None:
+        self.signals.stopping = True  # a SIGTERM from now on hurries the shutdown
         self.stop.set()
         self.supervisor.expect_exit()
         self.loop.wake.set()
@@ -125,22 +134,6 @@ class Daemon:
     def request_reload(self) -> None:
         self._reload.set()
         self.loop.wake.set()
-
-    def _install_signals(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return  # a test running the daemon in a thread sets `stop` itself
-
-        def on_signal(signum: int, _frame: FrameType | None) -> None:
-            # Only flags: the loop's thread does the work.
-            if signum == signal.SIGHUP:
-                self.request_reload()
-            elif self.stop.is_set():  # a second Ctrl-C / SIGTERM: no more draining (uvicorn's convention)
-                self.supervisor.hurry()
-            else:
-                self.request_stop()
-
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(signum, on_signal)
 
     def shutdown(self) -> None:
         """Stop accepting -> let the running answer finish (bounded) -> stop the engine -> restore."""
@@ -179,9 +172,21 @@ class Daemon:
         return ERROR_PAUSE_S
 
     def _between_ticks(self) -> None:
+        if self.signals.take_stop():
+            self.request_stop()
+        if self.stop.is_set():
+            return
+        if self.signals.pending(signal.SIGHUP):
+            due = self._reloaded_t + RELOAD_SPACING_S
+            if self.clock.now() < due:
+                self.loop.wake_at = due  # coalesced with those that follow it within the gap
+            elif self.signals.take(signal.SIGHUP):
+                self._reload.set()
         if not self._reload.is_set():
             return
         self._reload.clear()
+        self._reloaded_t = self.clock.now()
+        self.reloads += 1
         self.notifier.reloading()
         result: dict[str, Any]
         try:
@@ -246,7 +251,7 @@ class Daemon:
         sup = self.supervisor.status
         view.update(
             pid=os.getpid(),
-            policy={"name": self.policy_name, "error": self.policy_error},
+            policy={"name": self.policy_name, "error": self.policy_error, "reloads": self.reloads},
             errors={"loop": self.loop_errors, "last": self.last_error, "control": self.control.errors},
             supervisor={k: v for k, v in asdict(sup).items() if k not in ("cap", "retry_at")}
             | {

@@ -81,7 +81,7 @@ class EngineSupervisor:
         self._lock = threading.Lock()
         self._wanted = threading.Condition(self._lock)  # a new desired config
         self._stop = threading.Event()
-        self._hurry = threading.Event()
+        self._hurry = False  # a plain attribute: set from a signal handler, which must take no lock
         self._retry = threading.Event()
         self._resume = threading.Event()  # set when the wait for memory ends (or the daemon stops)
         self._proc: subprocess.Popen[bytes] | None = None
@@ -358,7 +358,7 @@ class EngineSupervisor:
     def hurry(self) -> None:
         """A second Ctrl-C / SIGTERM while stopping: `stop` ends the running answer now instead of draining it.
         (Sets a flag only: called from the signal handler.)"""
-        self._hurry.set()
+        self._hurry = True
 
     def stop(self, timeout_s: float) -> None:
         """SIGTERM (the engine lets the running answer finish for its drain time, then stops it at a token
@@ -377,7 +377,7 @@ class EngineSupervisor:
                     break
                 except subprocess.TimeoutExpired:
                     pass
-                if self._hurry.is_set() and not hurried:
+                if self._hurry and not hurried:
                     hurried = True
                     self._log.warning("stopping now: the running answer ends at the next token")
                     proc.send_signal(signal.SIGTERM)

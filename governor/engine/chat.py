@@ -59,7 +59,7 @@ class Message(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)  # a misspelt option is a 400, not silently nothing
 
     include_usage: bool = False
 
@@ -185,6 +185,8 @@ class CompletionRequest(Sampling):
     def _one_prompt(cls, v: str | list[str]) -> str | list[str]:
         if isinstance(v, list) and len(v) != 1:
             raise ValueError("one prompt per request (a list of exactly one string)")
+        if not (v if isinstance(v, str) else v[0]):
+            raise ValueError("the prompt is empty: there is nothing to continue")
         return v
 
     def text(self) -> str:

@@ -4,6 +4,11 @@ The JSON-schema-to-GBNF conversion is llama-cpp-python's (`llama_cpp.llama_gramm
 json_schema_to_grammar). That converter silently ignores keywords it cannot express (`minimum`, `multipleOf`,
 `not`, ...), so a schema is first walked here and any keyword outside what it enforces is refused by name: a client
 that asked for a constraint either gets it or a 400, never output that breaks it.
+
+The converter writes a bounded repetition out in full (`maxLength: N` becomes N nested optional groups in the
+grammar's text, and llama.cpp's parser recurses once per group), so every count (`minLength`, `maxLength`,
+`minItems`, `maxItems`, a pattern's `{m,n}`) is bounded here, and so is their sum over the whole request: one valid
+JSON body asking for `maxLength: 1000000000` grew the engine past 9 GB before it was killed (issue 33).
 """
 
 from __future__ import annotations
@@ -35,6 +40,10 @@ _FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uu
 _SCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 
+_COUNTS = ("minLength", "maxLength", "minItems", "maxItems")
+MAX_REPEAT = 4096  # one count: a 4096-deep grammar is parsed by llama.cpp in milliseconds
+MAX_EXPANSION = 65536  # every count of the request, and the patterns' repetitions multiplied out, together
+
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 
 
@@ -51,8 +60,71 @@ class SchemaRefused(ValueError):
         return SchemaRefused(prefix + self.where, self.reason)
 
 
-def check_schema(schema: Any, where: str = "") -> None:
-    """Raise SchemaRefused at the first keyword or value the converter would not enforce."""
+class _Budget:
+    """The repetitions a request asks for, added up: past MAX_EXPANSION it is refused where the sum went over."""
+
+    def __init__(self) -> None:
+        self.used = 0
+
+    def spend(self, where: str, amount: int) -> None:
+        self.used += amount
+        if self.used > MAX_EXPANSION:
+            raise SchemaRefused(where, f"the schema's repetitions add up to more than {MAX_EXPANSION}")
+
+
+def _count(schema: dict[str, Any], key: str, where: str, budget: _Budget) -> None:
+    value = schema[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SchemaRefused(where, f"must be a whole number, not {json.dumps(value)[:40]}")
+    if not 0 <= value <= MAX_REPEAT:
+        raise SchemaRefused(where, f"must be between 0 and {MAX_REPEAT}, not {value}")
+    budget.spend(where, value)
+
+
+def pattern_expansion(pattern: str) -> int:
+    """How many atoms `pattern` becomes once its `{m,n}` repetitions are written out (the converter inlines a
+    group, so `(a{100}){100}` is 10,000), capped early: past MAX_EXPANSION the exact figure does not matter."""
+    sizes: list[int] = [0]  # the open groups' sizes so far, innermost last
+    last = 0  # the size of the atom a quantifier would repeat
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "(":
+            sizes.append(0)
+            last = 0
+        elif c == ")" and len(sizes) > 1:
+            last = sizes.pop()
+            sizes[-1] += last
+        elif c == "{":
+            end = pattern.find("}", i)
+            end = len(pattern) if end < 0 else end
+            fields = [f.strip() for f in pattern[i + 1 : end].split(",")]
+            if any(len(f) > 9 for f in fields):
+                return MAX_EXPANSION + 1
+            times = max((int(f) for f in fields if f.isdigit()), default=1)
+            i = end
+            if times > MAX_REPEAT:
+                return MAX_EXPANSION + 1
+            sizes[-1] += last * (times - 1)
+            last = 0
+        else:
+            if c == "\\":
+                i += 1
+            elif c == "[":
+                end = pattern.find("]", i + 2)
+                i = len(pattern) if end < 0 else end
+            last = 1
+            sizes[-1] += 1
+        if sizes[-1] > MAX_EXPANSION:
+            return MAX_EXPANSION + 1
+        i += 1
+    return sum(sizes)
+
+
+def check_schema(schema: Any, where: str = "", budget: _Budget | None = None) -> None:
+    """Raise SchemaRefused at the first keyword or value the converter would not enforce, or that asks for a
+    grammar too large to build (`budget`: shared by every schema of one request)."""
+    budget = _Budget() if budget is None else budget
     if isinstance(schema, bool):
         if schema is False:
             raise SchemaRefused(where, "the schema `false` allows nothing")
@@ -77,14 +149,23 @@ def check_schema(schema: Any, where: str = "") -> None:
             if not isinstance(value, dict):
                 raise SchemaRefused(at, "must be an object")
             for name, sub in value.items():
-                check_schema(sub, f"{at}/{name}")
+                check_schema(sub, f"{at}/{name}", budget)
         elif key in _SCHEMA_LISTS:
             if not isinstance(value, list) or not value:
                 raise SchemaRefused(at, "must be a non-empty list of schemas")
             for i, sub in enumerate(value):
-                check_schema(sub, f"{at}/{i}")
+                check_schema(sub, f"{at}/{i}", budget)
         elif key in ("items", "additionalProperties") and not isinstance(value, bool):
-            check_schema(value, at)
+            check_schema(value, at, budget)
+        elif key in _COUNTS:
+            _count(schema, key, at, budget)
+        elif key == "pattern":
+            if not isinstance(value, str):
+                raise SchemaRefused(at, "must be a string")
+            budget.spend(at, pattern_expansion(value))
+    for low, high in (("minLength", "maxLength"), ("minItems", "maxItems")):
+        if low in schema and high in schema and schema[low] > schema[high]:
+            raise SchemaRefused(f"{where}/{low}", f"{low} {schema[low]} is above {high} {schema[high]}")
     if "pattern" in schema and ("minLength" in schema or "maxLength" in schema):
         raise SchemaRefused(f"{where}/minLength", "minLength/maxLength together with pattern are not supported")
     if "allOf" in schema and ("properties" in schema or "anyOf" in schema or "oneOf" in schema):
@@ -123,10 +204,11 @@ def call_schema(tool: Tool) -> dict[str, Any]:
 def tools_grammar(tools: list[Tool], *, required: bool) -> str:
     """A call wrapped in <tool_call>...</tool_call> (Hermes' format, which Qwen and SmolLM2 were trained on);
     unless `required`, plain text that does not start with "<" instead."""
+    budget = _Budget()
     for i, tool in enumerate(tools):
         if tool.function.parameters is not None:
             try:
-                check_schema(tool.function.parameters)
+                check_schema(tool.function.parameters, budget=budget)
             except SchemaRefused as exc:
                 raise exc.under(f"/tools/{i}/function/parameters") from exc
     union = call_schema(tools[0]) if len(tools) == 1 else {"anyOf": [call_schema(t) for t in tools]}

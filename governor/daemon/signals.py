@@ -1,0 +1,77 @@
+"""The daemon's signal handlers: they only record, and the loop does the work (uvicorn's rule, STYLE.md 9).
+
+A handler runs on the main thread between two bytecodes of whatever it interrupted, including itself and including
+code holding a lock: a `threading.Event.set()` there deadlocks when the signal lands inside another `set()` (a storm of
+SIGHUPs froze the loop: ticks stopped, SIGTERM was ignored) or nests until RecursionError (issue 33). So a handler
+here adds the signal number to a set (one C call: atomic for Python code) and releases the loop's `Wake` (a lock
+release that never waits), and only when the signal is not already pending: a storm of N signals is one pending
+signal and at most one wake-up per time the loop took it.
+
+A second SIGTERM / SIGINT once stopping has begun calls `on_again` from the handler itself (the shutdown is not the
+loop's): it must only set a plain attribute (`EngineSupervisor.hurry`).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+
+from governor.clock import Wake
+
+STOPS = frozenset({signal.SIGTERM, signal.SIGINT})
+HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class SignalInbox:
+    def __init__(self, wake: Wake, *, on_again: Callable[[], None] = lambda: None) -> None:
+        self._wake = wake
+        self._on_again = on_again
+        self._pending: set[int] = set()
+        self.stopping = False  # set by the loop when it took a stop signal (or was asked to stop)
+        self._installed = False
+
+    def install(self) -> bool:
+        """Handlers for SIGTERM, SIGINT and SIGHUP; False off the main thread (a test running the daemon in a
+        thread stops it itself)."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        for signum in HANDLED:
+            signal.signal(signum, self._record)
+        self._installed = True
+        return True
+
+    def ignore(self) -> None:
+        """After the shutdown: a signal still arriving has nothing left to stop. Ignored, not restored to the default:
+        the interpreter's own exit puts the default back on Python handlers, and a storm outlasting the shutdown
+        then killed a daemon that had stopped cleanly (exit -15 instead of 0)."""
+        if self._installed:
+            for signum in HANDLED:
+                signal.signal(signum, signal.SIG_IGN)
+
+    def _record(self, signum: int, _frame: FrameType | None) -> None:
+        if self.stopping and signum in STOPS:
+            self._on_again()
+            return
+        if signum in self._pending:
+            return  # coalesced: the loop has not taken the last one yet
+        self._pending.add(signum)
+        self._wake.set()
+
+    def pending(self, signum: int) -> bool:
+        return signum in self._pending
+
+    def take(self, signum: int) -> bool:
+        """Whether `signum` was pending; it no longer is (a signal arriving from now on is a new one)."""
+        if signum not in self._pending:
+            return False
+        self._pending.discard(signum)
+        return True
+
+    def take_stop(self) -> bool:
+        """A SIGTERM or SIGINT was pending: stopping begins (a further one calls `on_again`)."""
+        taken = self.take(signal.SIGTERM) | self.take(signal.SIGINT)
+        if taken:
+            self.stopping = True
+        return taken
