@@ -58,6 +58,9 @@ class Message(BaseModel):
         return "".join(p.text or "" for p in self.content)
 
 
+MAX_STOP_CHARS = 1000
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)  # a misspelt option is a 400, not silently nothing
 
@@ -137,6 +140,9 @@ class Sampling(BaseModel):
     def _stop_list(cls, v: str | list[str] | None) -> str | list[str] | None:
         if isinstance(v, list) and len(v) > 4:
             raise ValueError("at most 4 stop sequences")
+        if any(len(one) > MAX_STOP_CHARS for one in ([v] if isinstance(v, str) else v or [])):
+            # The answer's text is held back and searched for each one at every token: 4 MB of them hung the engine.
+            raise ValueError(f"a stop sequence is at most {MAX_STOP_CHARS} characters")
         return v
 
     def stops(self) -> list[str]:

@@ -41,8 +41,9 @@ _SCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 
 _COUNTS = ("minLength", "maxLength", "minItems", "maxItems")
-MAX_REPEAT = 4096  # one count: a 4096-deep grammar is parsed by llama.cpp in milliseconds
+MAX_REPEAT = 1000  # one count: llama.cpp parses a grammar nested this deep, and refuses deeper
 MAX_EXPANSION = 65536  # every count of the request, and the patterns' repetitions multiplied out, together
+MAX_GRAMMAR_CHARS = 1 << 20  # its text: nesting grows it faster than the schema (600 arrays deep: 2.7 MB)
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -125,6 +126,7 @@ def check_schema(schema: Any, where: str = "", budget: _Budget | None = None) ->
     """Raise SchemaRefused at the first keyword or value the converter would not enforce, or that asks for a
     grammar too large to build (`budget`: shared by every schema of one request)."""
     budget = _Budget() if budget is None else budget
+    budget.spend(where, 1)  # every schema counts: 100,000 enum values or properties are a bomb too
     if isinstance(schema, bool):
         if schema is False:
             raise SchemaRefused(where, "the schema `false` allows nothing")
@@ -159,6 +161,8 @@ def check_schema(schema: Any, where: str = "", budget: _Budget | None = None) ->
             check_schema(value, at, budget)
         elif key in _COUNTS:
             _count(schema, key, at, budget)
+        elif key == "enum" and isinstance(value, list):
+            budget.spend(at, len(value))
         elif key == "pattern":
             if not isinstance(value, str):
                 raise SchemaRefused(at, "must be a string")
@@ -182,6 +186,9 @@ def _convert(schema: dict[str, Any], name: str) -> tuple[SchemaConverter, str]:
         rule = str(converter.visit(resolved, name))  # type: ignore[no-untyped-call]
     except (AssertionError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise SchemaRefused("", f"cannot be turned into a grammar: {exc}") from exc
+    size = sum(len(rule) + len(name) for name, rule in converter._rules.items())
+    if size > MAX_GRAMMAR_CHARS:
+        raise SchemaRefused("", f"its grammar would be {size} characters, over {MAX_GRAMMAR_CHARS} (nested too deeply)")
     return converter, rule
 
 
