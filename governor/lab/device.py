@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from governor.lab.files import load_model, resolve
+from governor.lab.files import LabFileError, load_model, resolve
 from policies.decision import KvType
 from policies.memfit import ModelFootprint  # the policy's own memory arithmetic
 
@@ -188,4 +188,15 @@ class DeviceSpec(Spec):
 
 
 def load_device(name_or_file: str | Path) -> DeviceSpec:
-    return load_model(resolve("devices", str(name_or_file)), DeviceSpec)
+    """A shipped name, a device file, or `fleet:SEED:INDEX[:CLASS]` (a random fleet device, governor.lab.fleet)."""
+    name = str(name_or_file)
+    if name.startswith("fleet:"):
+        from governor.lab.fleet import parse_name  # the fleet builds DeviceSpecs: imported here, not at the top
+
+        try:
+            device = parse_name(name)
+        except ValueError as exc:
+            raise LabFileError(name, str(exc)) from None
+        assert device is not None
+        return device
+    return load_model(resolve("devices", name), DeviceSpec)

@@ -18,6 +18,8 @@ from governor.loop import Decider, GovernorLoop
 from policies.decision import Decision
 from sensors.snapshot import EngineObservation, Snapshot, TraceRecord
 
+MODEL_CHANGE_GAP_S = 300.0  # a model switch at most once per 5 minutes (issue 27), unless a kill is imminent
+
 
 class Summary(BaseModel):
     model_config = ConfigDict(frozen=True)
@@ -43,6 +45,9 @@ class Summary(BaseModel):
     state_changes: int
     config_changes: int  # ticks whose engine config (threads, context, KV, model, rate) differed from the last
     state_config_changes: int  # state changes that also changed the engine config (reconfiguration churn)
+    model_changes: int = 0  # of config_changes, those that changed the model tier
+    model_changes_within_5min: int = 0  # model changes less than 5 minutes after the previous one (issue 27: at most
+    # one per 5 minutes unless a kill is imminent)
     state_pct: dict[str, float]  # share of the run spent in each state
     energy_j: float
     j_per_token: float | None
@@ -91,7 +96,8 @@ def simulate(
     stop = threading.Event()
     states: list[tuple[float, str]] = []
     ticks = 0
-    changes = [0, 0]  # config changes, of which at a state change
+    changes = [0, 0, 0, 0]  # config changes, of which at a state change, of the model, of the model within 5 min
+    model_t = [-float("inf")]  # when the model last changed
     waits: list[str] = []
     last: list[Decision] = []
 
@@ -104,6 +110,10 @@ def simulate(
         if last and decision.engine != last[0].engine:
             changes[0] += 1
             changes[1] += decision.state != last[0].state
+            if decision.engine.model != last[0].engine.model:
+                changes[2] += 1
+                changes[3] += t - model_t[0] < MODEL_CHANGE_GAP_S
+                model_t[0] = t
         last[:] = [decision]
         if decision.engine_wait is not None and not waits:
             waits.append(decision.engine_wait)
@@ -123,8 +133,9 @@ def simulate(
     clock.call_at(end_s, loop.wake.set)
     loop.run(stop)
     summary = summarize(
-        world, policy_name, workload.name, states, changes=(changes[0], changes[1]), wait=waits[0] if waits else None
-    )
+        world, policy_name, workload.name, states, changes=(changes[0], changes[1], changes[2], changes[3]),
+        wait=waits[0] if waits else None,
+    )  # fmt: skip
     return Run(summary=summary, series=world.series, states=states, ticks=ticks)
 
 
@@ -142,7 +153,7 @@ def summarize(
     policy: str,
     workload: str,
     states: Sequence[tuple[float, str]],
-    changes: tuple[int, int] = (0, 0),
+    changes: tuple[int, int, int, int] = (0, 0, 0, 0),
     *,
     wait: str | None = None,
 ) -> Summary:
@@ -176,6 +187,8 @@ def summarize(
         state_changes=max(0, len(states) - 1),
         config_changes=changes[0],
         state_config_changes=changes[1],
+        model_changes=changes[2],
+        model_changes_within_5min=changes[3],
         state_pct=time_in_states(states, world.t),
         energy_j=energy,
         j_per_token=energy / tokens if tokens else None,
