@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from governor.lab.device import load_device
+from governor.lab.device import DeviceSpec, load_device
 from governor.lab.experiment import Summary
 from governor.lab.files import LabFileError
 from governor.lab.fleet import CATALOGUE, CLASSES, IDLE_HEADROOM_C, fleet, random_device
@@ -20,7 +20,7 @@ MIB = 1 << 20
 
 
 @pytest.fixture(scope="module")
-def devices() -> list:
+def devices() -> list[DeviceSpec]:
     return fleet(1, 200)
 
 
@@ -39,7 +39,7 @@ def test_a_bad_fleet_name_is_one_line_naming_it() -> None:
         load_device("fleet:1:1:tablet")
 
 
-def test_every_device_idles_under_its_trips_within_the_issues_ranges(devices: list) -> None:
+def test_every_device_idles_under_its_trips_within_the_issues_ranges(devices: list[DeviceSpec]) -> None:
     for d in devices:
         assert 10.0 <= d.ambient_c <= 45.0, d.name
         assert 1000 * 0.9 <= d.memory.total_mb <= 16384, d.name
@@ -53,20 +53,20 @@ def test_every_device_idles_under_its_trips_within_the_issues_ranges(devices: li
                     assert d.ambient_c + d.power.idle_w * r <= trip.temp_c - IDLE_HEADROOM_C + 1e-6, d.name
 
 
-def test_the_fleet_has_every_character_the_lab_must_judge_on(devices: list) -> None:
+def test_the_fleet_has_every_character_the_lab_must_judge_on(devices: list[DeviceSpec]) -> None:
     """Compute-bound, memory-bound, skin-limited, big.LITTLE, hot ambient, little free RAM, a clock that cannot be
     written, a largest tier that does not fit at its full context: each in a fair share of 200 devices."""
     memory = Memory()
 
-    def compute_bound(d) -> bool:  # all big cores at f_max decode slower than the memory would allow
+    def compute_bound(d: DeviceSpec) -> bool:  # all big cores at f_max decode slower than the memory would allow
         m = d.engine.model[0]
         big = d.cpu.cores - d.cpu.little_cores
-        return big * m.thread_tok_s < d.engine.bandwidth_gb_s * 1e3 / m.weights_mb
+        return bool(big * m.thread_tok_s < d.engine.bandwidth_gb_s * 1e3 / m.weights_mb)
 
-    def too_big(d) -> bool:
+    def too_big(d: DeviceSpec) -> bool:
         m = d.engine.model[0]
         free = (d.memory.total_mb - d.memory.other_apps_mb) * MIB
-        return m.footprint().total_bytes(m.n_ctx, "f16", memory) > free
+        return bool(m.footprint().total_bytes(m.n_ctx, "f16", memory) > free)
 
     share = {
         "phone": sum(d.description.startswith("fleet phone") for d in devices),
