@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from policies.decision import State
-from policies.loader import parse_policy
+from policies.loader import load_policy, parse_policy
 from policies.machine import StateMachine
 from sensors.sampler import SensorSampler
 from sensors.snapshot import EngineObservation
@@ -111,3 +111,25 @@ def test_garbage_on_the_running_daemon_is_reported_and_conservative(victim: Daem
     finally:
         temp.write_text("45000\n")
     eventually(lambda: victim.status()["readings"]["problems"] == [], timeout_s=20)
+
+
+@pytest.mark.parametrize("profile", ["default", "raspberry-pi", "fanless-laptop"])  # android-termux trusts skin zones
+def test_an_unreadable_only_zone_applies_real_limits_with_each_shipped_profile(tmp_path: Path, profile: str) -> None:
+    """Issue 33: with `default` or `raspberry-pi` the untrusted rule said hot but left 4 threads, no rate cap and the
+    full clock -- the same as idle. Now: the hot profile's floor."""
+    tree = device_tree(tmp_path)
+    sampler = SensorSampler(tree.root, cpu_util=None, rediscover_s=0.0)
+    policy = load_policy(profile)
+    governor = StateMachine(policy, freq_ratios=(0.5, 0.75, 1.0))
+    idle = governor.decide(sampler.sample(), IDLE, 0.0)
+    tree.path(f"{ZONE}/temp").write_text("abc\n")
+    t, step = 0.0, policy.timing.mitigating_interval_s
+    while t < policy.thermal.untrusted_grace_s + policy.timing.min_dwell_s + 5:
+        t += step
+        decision = governor.decide(sampler.sample(), IDLE, t)
+    assert decision.rule == "thermal.untrusted", decision.reason
+    hot = policy.states[State.HOT]
+    assert decision.engine.threads == (hot.min_threads or 1) < idle.engine.threads
+    assert decision.engine.max_tokens_per_s is not None
+    assert decision.engine.max_tokens_per_s <= (hot.min_tokens_per_s or hot.max_tokens_per_s or 0)
+    assert decision.freq_ratio is None or decision.freq_ratio < 1.0
