@@ -174,14 +174,17 @@ def _record(args: argparse.Namespace) -> int:
         out = args.file.open("w")
     except OSError as exc:
         raise GovernorError(f"{args.file}: cannot write: {exc.strerror}") from None
-    with out:
-        try:
-            for line in client.record(args.seconds):
-                out.write(line + "\n")
-                out.flush()
-                lines += 1
-        except KeyboardInterrupt:
-            pass  # Ctrl-C ends a recording; what was written is kept
+    try:
+        with out:
+            try:
+                for line in client.record(args.seconds):
+                    out.write(line + "\n")
+                    out.flush()
+                    lines += 1
+            except KeyboardInterrupt:
+                pass  # Ctrl-C ends a recording; what was written is kept
+    except OSError as exc:  # the disk filled (ENOSPC) or failed (EIO) under the recording
+        raise GovernorError(f"{args.file}: cannot write: {exc.strerror or exc}; {lines} ticks were written") from None
     print(f"recorded {lines} ticks to {args.file}", file=sys.stderr)
     return 0
 

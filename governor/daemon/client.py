@@ -20,10 +20,19 @@ class ControlClient:
 
     @contextmanager
     def _connect(self, request: dict[str, Any]) -> Iterator[tuple[socket.socket, Any]]:
+        """A frozen daemon, one that closes mid-answer or answers garbage is a one-line ControlError, never a
+        traceback (issue 33: `governor reload` against a stopped daemon)."""
         sock = self._dial()
-        with sock, sock.makefile("rb") as lines:
-            sock.sendall(json.dumps(request).encode() + b"\n")
-            yield sock, lines
+        try:
+            with sock, sock.makefile("rb") as lines:
+                sock.sendall(json.dumps(request).encode() + b"\n")
+                yield sock, lines
+        except TimeoutError:
+            raise ControlError(f"the governor at {self.path} did not answer within {self.timeout_s:g} s") from None
+        except OSError as exc:
+            raise ControlError(f"the governor at {self.path} broke the connection: {exc.strerror or exc}") from None
+        except ValueError as exc:  # json's errors, a line that is not UTF-8
+            raise ControlError(f"the governor at {self.path} answered something that is not JSON: {exc}") from None
 
     def _dial(self) -> socket.socket:
         """Connect; a full listen backlog (EAGAIN: the daemon is alive but behind, e.g. another user floods the

@@ -1,6 +1,10 @@
 """Prometheus metrics for fleets: served on the control socket (`GET /metrics`) and/or a node_exporter textfile.
 
 A private CollectorRegistry (not the global one), so several daemons in one test process never share series.
+
+The textfile is written on a thread of its own, never on the loop's: a full or failing filesystem under it (ENOSPC,
+EIO, a hung NFS mount) costs the file, never a tick, READY or a decision (issue 33). A failed write is logged once per
+distinct error and shown in `governor status` (`metrics_textfile`), and tried again at the next interval.
 """
 
 from __future__ import annotations
@@ -9,10 +13,12 @@ import math
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal, get_origin
+from typing import Any, Literal, get_origin
 
+import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, write_to_textfile
 
+from governor.clock import Wake
 from policies.decision import KNOBS, Decision, EngineConfig, State
 from sensors.snapshot import EngineObservation, Snapshot
 
@@ -73,7 +79,12 @@ class DaemonMetrics:
         self.textfile = textfile
         self._written_t = -math.inf
         self._last: tuple[Snapshot, EngineObservation | None, Decision] | None = None
-        self._lock = threading.Lock()  # the loop's textfile and a control-socket scrape may update at once
+        self._lock = threading.Lock()  # the textfile's writer and a control-socket scrape may update at once
+        self.textfile_error: str | None = None
+        self.textfile_failures = 0
+        self._due = Wake()
+        self._closing = False
+        self._writer: threading.Thread | None = None
 
     def on_tick(self, t: float, snapshot: Snapshot, observed: EngineObservation | None, decision: Decision) -> None:
         """Counts, and keeps the tick for the gauges: they are set when read (a scrape, the textfile), not four
@@ -83,8 +94,26 @@ class DaemonMetrics:
         self.ticks.inc()
         self._last = (snapshot, observed, decision)
         if self.textfile is not None and t - self._written_t >= TEXTFILE_EVERY_S:
-            self.write_textfile()
             self._written_t = t
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_when_due, name="metrics-textfile", daemon=True)
+                self._writer.start()
+            self._due.set()
+
+    def _write_when_due(self) -> None:
+        while True:
+            self._due.wait()
+            self._due.clear()
+            if self._closing:
+                return
+            self.write_textfile()
+
+    def close(self) -> None:
+        """Stop the writer (its last write finished); the daemon then removes the file."""
+        self._closing = True
+        self._due.set()
+        if self._writer is not None:
+            self._writer.join(5.0)
 
     def routed(self, route: str, reason: str) -> None:
         self.requests.labels(route, reason).inc()
@@ -134,8 +163,25 @@ class DaemonMetrics:
             return generate_latest(self.registry).decode()
 
     def write_textfile(self) -> None:
-        if self.textfile is not None:
+        if self.textfile is None:
+            return
+        try:
             self.textfile.parent.mkdir(parents=True, exist_ok=True)
             with self._lock:
                 self._update()
                 write_to_textfile(str(self.textfile), self.registry)  # atomic: a temp file renamed into place
+        except OSError as exc:
+            error = f"{self.textfile}: {exc.strerror or exc}"
+            self.textfile_failures += 1
+            if error != self.textfile_error:
+                structlog.get_logger("governor.metrics").error("cannot write the metrics textfile", error=error)
+            self.textfile_error = error
+        else:
+            if self.textfile_error is not None:
+                structlog.get_logger("governor.metrics").info("metrics textfile written again", path=str(self.textfile))
+            self.textfile_error = None
+
+    def textfile_status(self) -> dict[str, Any] | None:
+        if self.textfile is None:
+            return None
+        return {"path": str(self.textfile), "error": self.textfile_error, "failures": self.textfile_failures}

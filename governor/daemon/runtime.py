@@ -156,6 +156,7 @@ class Daemon:
         self.state.close_recorders()
         for closeable in self._closeables:
             closeable.close()
+        self.prom.close()
         if self.config.metrics_textfile is not None:
             with contextlib.suppress(FileNotFoundError):
                 self.config.metrics_textfile.unlink()  # stale figures would read as a live daemon
@@ -270,6 +271,8 @@ class Daemon:
         )
         if self.router is not None:
             view["routing"] = self.router.status()
+        if (textfile := self.prom.textfile_status()) is not None:
+            view["metrics_textfile"] = textfile
         return view
 
     def why(self, n: int) -> list[dict[str, Any]]:

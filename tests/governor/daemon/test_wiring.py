@@ -84,7 +84,9 @@ def test_metrics_text_and_textfile(tmp_path: Path) -> None:
     assert "governor_battery_percent 40.0" in text
     assert "governor_decision_changes_total 1.0" in text
     assert 'governor_supervisor{figure="engine_starts"} 2.0' in text
-    assert textfile.read_text() == text  # node_exporter's textfile collector reads the same
+    # node_exporter's textfile collector reads the same, written on the metrics' own thread (never the loop's)
+    assert eventually(lambda: textfile.exists() and textfile.read_text()) == text
+    metrics.close()
     assert DaemonMetrics().text() != text  # each daemon has its own registry
 
 
