@@ -22,12 +22,17 @@ MIN_SANE_C = -40.0
 MAX_SANE_C = 150.0
 
 
+class EscapedRoot(PermissionError):
+    """A write whose path resolves outside the root's sys/ tree (a symlink out of it): refused, never written."""
+
+
 class Root:
     """Maps kernel paths ("sys/class/thermal") to paths under the prefix; the only place files are opened."""
 
     def __init__(self, prefix: Path | str = "/") -> None:
         self.prefix = Path(prefix)
         self._base = str(self.prefix).rstrip("/")
+        self._sys = os.path.realpath(f"{self._base}/sys") + "/"  # where every write must land (resolved once)
         self._held: dict[str, int] = {}  # path -> descriptor kept open for re-reading (see `holding`)
         # A held file can be renamed over only in a fake tree; the kernel's attributes fail their read once removed.
         self._renamable = bool(self._base)
@@ -89,13 +94,27 @@ class Root:
         return os.listdir(path)
 
     def writable(self, path: str) -> bool:
-        """May this process write the file (the actuators' check; False on a read-only /sys or without root)."""
-        return os.access(path, os.W_OK)
+        """May this process write the file (the actuators' check; False on a read-only /sys, without root, or when
+        the path leads out of the root's sys/ tree)."""
+        return self.confined(path) and os.access(path, os.W_OK)
+
+    def confined(self, path: str) -> bool:
+        return os.path.realpath(path).startswith(self._sys)
 
     def write(self, path: str, data: bytes) -> None:
-        """The actuators' one write: sysfs attributes take a whole value in one write(2)."""
-        fd = os.open(path, os.O_WRONLY)
+        """The actuators' one write: sysfs attributes take a whole value in one write(2).
+
+        Confined to the root's `sys/` (issue 33): a `policy0` directory or a `scaling_max_freq` that is a symlink
+        out of the tree had the cap written into the outside file. What was opened (not what the path said: no race
+        with a link swapped after a check) must be a regular file under the root's `sys/`, else `EscapedRoot`;
+        O_NONBLOCK, so a FIFO planted there cannot hang the loop."""
+        if not self.confined(path):  # checked before opening too: opening a device can do something
+            raise EscapedRoot(errno.EPERM, f"resolves to {os.path.realpath(path)}, outside {self._sys}", path)
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
+            opened = os.readlink(f"/proc/self/fd/{fd}") if os.path.isdir("/proc/self/fd") else os.path.realpath(path)
+            if not opened.startswith(self._sys) or not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise EscapedRoot(errno.EPERM, f"resolves to {opened}, not a file under {self._sys}", path)
             os.write(fd, data)
         finally:
             os.close(fd)
