@@ -19,8 +19,9 @@ def _registrars() -> list[Register]:
     from governor.lab.cli import register as lab
     from governor.policies_cli import register as policies
     from governor.sensors_cli import register as sensors
+    from governor.views.cli import register as views
 
-    return [sensors, policies, engine, bench_device, daemon, lab]
+    return [sensors, policies, engine, bench_device, daemon, lab, views]
 
 
 def build_parser(registrars: Sequence[Register] | None = None) -> argparse.ArgumentParser:

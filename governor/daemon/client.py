@@ -1,4 +1,4 @@
-"""The control socket's client, used by `governor status/why/hold/reload/record/metrics`."""
+"""The control socket's client, used by `governor status/why/hold/reload/record/metrics/top/dashboard`."""
 
 from __future__ import annotations
 
@@ -85,6 +85,19 @@ class ControlClient:
 
             yield answer, events()
 
+    def watch(self) -> Watch:
+        """The `watch` stream: its first answer now, then a line after each tick (Watch.lines, Watch.fileno)."""
+        sock = self._dial()
+        try:
+            sock.sendall(b'{"cmd": "watch"}\n')
+            watch = Watch(sock)
+            watch.first = self._answer(watch)
+        except BaseException:
+            sock.close()
+            raise
+        sock.settimeout(None)
+        return watch
+
     def record(self, seconds: float | None = None) -> Iterator[str]:
         """Trace lines (TraceRecord JSON), one per tick, until the daemon stops, `seconds` pass, or the caller stops."""
         deadline = None if seconds is None else time.monotonic() + seconds
@@ -105,3 +118,50 @@ class ControlClient:
                 if not raw:
                     return
                 yield raw.decode().rstrip("\n")
+
+
+class Watch:
+    """An open `watch` stream. Lines are read as they come, without blocking once `fileno()` is readable (select),
+    so one thread can wait on the daemon and on a keyboard or a timer at once."""
+
+    MAX_PENDING = 1 << 20  # a line longer than this is not the daemon's: give up rather than buffer it all
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buf = b""
+        self.first: dict[str, Any] = {}
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def readline(self) -> bytes:
+        """One whole line, blocking (the first answer); b"" at EOF."""
+        while b"\n" not in self._buf:
+            chunk = self._sock.recv(65536)
+            if not chunk:
+                return b""
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line + b"\n"
+
+    def lines(self) -> list[dict[str, Any]]:
+        """The lines that arrived (call when `fileno()` is readable); ControlError when the daemon closed it."""
+        try:
+            chunk = self._sock.recv(65536)
+        except (ConnectionResetError, TimeoutError) as exc:
+            raise ControlError(f"the governor's watch stream broke: {exc}") from None
+        if not chunk:
+            raise ControlError("the governor closed the watch stream (stopped or restarted?)")
+        *whole, self._buf = (self._buf + chunk).split(b"\n")
+        if len(self._buf) > self.MAX_PENDING:
+            raise ControlError(f"the governor sent a line longer than {self.MAX_PENDING} bytes")
+        return [json.loads(line) for line in whole if line.strip()]
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -2,8 +2,9 @@
 
 One request line `{"cmd": ...}`, one answer line `{"ok": true, ...}` or `{"ok": false, "error": "..."}`. Two commands
 keep the connection open: `hold` (the hold lives exactly as long as the connection, or until its TTL) and `record`
-(one TraceRecord line per tick). `GET /metrics` in HTTP/1.x is answered with Prometheus text, so
-`curl --unix-socket SOCK http://governor/metrics` works too.
+(one TraceRecord line per tick); so does `watch` (the status after each tick, at most one a second, with the
+decisions made since: what `governor top` and the dashboard draw). `GET /metrics` in HTTP/1.x is answered with
+Prometheus text, so `curl --unix-socket SOCK http://governor/metrics` works too.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ MAX_LINE = 65536
 MAX_CONNECTIONS = 32
 RESERVED_CONNECTIONS = 16
 DAY_S = 86400.0
+WATCH_EVERY_S = 1.0  # a watcher gets at most one status a second (hot ticks come four a second)
+WATCH_DECISIONS = 20  # the decisions a watcher gets with its first answer
+WATCH_IDLE_S = 30.0  # with no tick that long, a watcher's thread looks at the shutdown flag
 
 
 class _Request(BaseModel):
@@ -46,7 +50,7 @@ class _Request(BaseModel):
 
 
 class _Plain(_Request):
-    cmd: Literal["status", "reload", "metrics", "record"]
+    cmd: Literal["status", "reload", "metrics", "record", "watch"]
 
 
 class _Why(_Request):
@@ -61,7 +65,7 @@ class _Hold(HoldAsk):
 
 
 _REQUEST: TypeAdapter[_Plain | _Why | _Hold] = TypeAdapter(Annotated[_Plain | _Why | _Hold, Field(discriminator="cmd")])
-COMMANDS = "status, why, reload, metrics, hold or record"
+COMMANDS = "status, why, reload, metrics, hold, record or watch"
 
 
 class ControlError(GovernorError):
@@ -164,6 +168,8 @@ class _Handler(socketserver.StreamRequestHandler):
                 self._send(api.reload())
             elif req.cmd == "metrics":
                 self._send({"ok": True, "text": api.metrics()})
+            elif req.cmd == "watch":
+                self._watch()
             else:
                 self._record()
         except (OSError, TimeoutError):
@@ -224,6 +230,56 @@ class _Handler(socketserver.StreamRequestHandler):
                 self.wfile.flush()
         finally:
             api.unsubscribe(q)
+
+    def _watch(self) -> None:
+        """The status and the last decisions, then after each tick the status again with the decisions made since,
+        at most every WATCH_EVERY_S. The thread sleeps on the tick feed between lines: a watcher costs the daemon
+        one line a tick (a calm daemon ticks every 5 s), nothing while nothing happens."""
+        api, closing = self.server.api, self.server.closing
+        ticks = api.subscribe()
+        try:
+            decisions = api.why(WATCH_DECISIONS)
+            self._send(
+                {"ok": True, "wall": time.time(), "status": api.status(), "decisions": decisions}
+                | {"routes": api.routes(WATCH_DECISIONS)}
+            )
+            seen = decisions[-1]["t"] if decisions else None
+            sent = time.monotonic()
+            while not closing.is_set():
+                try:
+                    if ticks.get(timeout=WATCH_IDLE_S) is None:
+                        break
+                except queue.Empty:
+                    continue
+                if closing.wait(sent + WATCH_EVERY_S - time.monotonic()) or not _drain(ticks):
+                    break
+                new = _decisions_after(api, seen)
+                seen = new[-1]["t"] if new else seen
+                self._send({"wall": time.time(), "status": api.status(), "decisions": new})
+                sent = time.monotonic()
+        finally:
+            api.unsubscribe(ticks)
+
+
+def _drain(ticks: queue.Queue[TraceRecord | None]) -> bool:
+    """Empty the feed of the ticks a rate-limited watcher skips; False when it says the daemon is stopping."""
+    while True:
+        try:
+            if ticks.get_nowait() is None:
+                return False
+        except queue.Empty:
+            return True
+
+
+def _decisions_after(api: ControlApi, seen_t: float | None) -> list[dict[str, Any]]:
+    """The distinct decisions made after the one at loop time `seen_t`, oldest first: the last one alone is asked
+    first (nothing new is the usual answer), then more until the seen one is among them."""
+    n = 1
+    while True:
+        decisions = api.why(n)
+        if seen_t is None or len(decisions) < n or decisions[0]["t"] <= seen_t or n >= WATCH_DECISIONS:
+            return [d for d in decisions if seen_t is None or d["t"] > seen_t]
+        n = min(n * 4, WATCH_DECISIONS)
 
 
 class _Server(socketserver.ThreadingUnixStreamServer):

@@ -22,7 +22,7 @@ def safe(value: Any) -> str:
     return escape(str(value).translate(_CONTROL))
 
 
-def _ago(wall: float | None, now: float) -> str:
+def ago(wall: float | None, now: float) -> str:
     if wall is None:
         return "-"
     seconds = max(0.0, now - wall)
@@ -102,7 +102,7 @@ def status_table(status: dict[str, Any], console: Console, now: float | None = N
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
-    head.add_row("state", f"[bold]{safe(status.get('state') or 'starting')}[/] since {_ago(status.get('since'), now)}")
+    head.add_row("state", f"[bold]{safe(status.get('state') or 'starting')}[/] since {ago(status.get('since'), now)}")
     head.add_row("why", safe(status.get("reason") or "-"))
     policy = status.get("policy") or {}
     head.add_row(

@@ -84,6 +84,8 @@ class DaemonState:
                 "since": self.since_wall,
                 "rule": self.decision.rule if self.decision else None,
                 "reason": self.decision.reason if self.decision else None,
+                # The readings behind the reason (binding zone, its trip, the forecast, the budget): built with it.
+                "basis": self.decision.readings if self.decision else None,
                 "config": self.decision.engine.model_dump(mode="json") if self.decision else None,
                 "engine": self.observed.model_dump(mode="json") if self.observed else None,
                 "readings": self.snapshot.model_dump(mode="json") if self.snapshot else None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -69,28 +70,51 @@ def print_comparison(runs: Sequence[Run], console: Console | None = None) -> Non
     console.print(comparison_table(runs))
 
 
+@dataclass(frozen=True)
+class PlotLine:
+    """One run on the plot: the limiting zone's temperature and tokens/s over time, and the state changes."""
+
+    label: str
+    t_s: Sequence[float]
+    temp_c: Sequence[float]
+    tokens_per_s: Sequence[float]
+    states: Sequence[tuple[float, str]]  # (t, state) at every change
+    end_s: float
+
+
 def plot(runs: Sequence[Run], path: Path) -> None:
     """Temperature (with the trip), state and tokens/s over time, one line per policy."""
+    first = runs[0].summary
+    lines = [
+        PlotLine(s.policy, r.series.t, r.series.limit_c, r.series.tokens_per_s, r.states, 60 * s.minutes)
+        for r in runs
+        for s in [r.summary]
+    ]
+    draw(lines, path, title=f"{first.device} / {first.workload}", trip_c=first.trip_c, zone=first.limit_zone)
+
+
+def draw(lines: Sequence[PlotLine], path: Path, *, title: str, trip_c: float | None, zone: str) -> None:
+    """The lab's figure, for simulated runs and recorded traces alike (`governor plot`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    first = runs[0].summary
     fig, (ax_t, ax_s, ax_r) = plt.subplots(3, 1, figsize=(9, 7), sharex=True, height_ratios=[3, 1.5, 2])
-    for i, run in enumerate(runs):
+    for i, line in enumerate(lines):
         color = f"C{i}"
-        minutes = [t / 60 for t in run.series.t]
-        ax_t.plot(minutes, run.series.limit_c, color=color, lw=1.2, label=run.summary.policy)
-        ax_r.plot(minutes, _smooth(run.series.tokens_per_s, 5), color=color, lw=1.0)
-        if run.states:
-            xs = [t / 60 for t, _ in run.states] + [run.summary.minutes]
-            ys = [STATE_ORDER.index(s) + 0.08 * (i - len(runs) / 2) for _, s in run.states]
+        minutes = [t / 60 for t in line.t_s]
+        ax_t.plot(minutes, line.temp_c, color=color, lw=1.2, label=line.label)
+        ax_r.plot(minutes, _smooth(line.tokens_per_s, 5), color=color, lw=1.0)
+        if line.states:
+            xs = [t / 60 for t, _ in line.states] + [line.end_s / 60]
+            ys = [STATE_ORDER.index(s) + 0.08 * (i - len(lines) / 2) for _, s in line.states]
             ax_s.step(xs, [*ys, ys[-1]], where="post", color=color, lw=1.2)
-    ax_t.axhline(first.trip_c, color="red", ls="--", lw=1, label=f"trip {first.trip_c:.0f} °C")
-    ax_t.set_ylabel(f"{first.limit_zone} °C")
+    if trip_c is not None:
+        ax_t.axhline(trip_c, color="red", ls="--", lw=1, label=f"trip {trip_c:.0f} °C")
+    ax_t.set_ylabel(f"{zone} °C")
     ax_t.legend(loc="lower right", fontsize=8)
-    ax_t.set_title(f"{first.device} / {first.workload}")
+    ax_t.set_title(title)
     ax_s.set_yticks(range(len(STATE_ORDER)), STATE_ORDER, fontsize=8)
     ax_s.set_ylabel("state")
     ax_r.set_ylabel("tokens/s")
