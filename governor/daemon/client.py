@@ -85,12 +85,24 @@ class ControlClient:
 
             yield answer, events()
 
-    def watch(self) -> Watch:
-        """The `watch` stream: its first answer now, then a line after each tick (Watch.lines, Watch.fileno)."""
+    def take_hold(self, **fields: Any) -> tuple[dict[str, Any], socket.socket]:
+        """A hold kept by another process on its users' behalf (the dashboard): it lasts until the returned socket is
+        closed, its TTL ends or the daemon stops."""
+        sock = self._dial()
+        try:
+            sock.sendall(json.dumps({"cmd": "hold", **fields}).encode() + b"\n")
+            answer = self._answer(Stream(sock))  # reads exactly the answer's line; the daemon's later events stay
+        except BaseException:
+            sock.close()
+            raise
+        return answer, sock
+
+    def watch(self) -> Stream:
+        """The `watch` stream: its first answer now, then a line after each tick (Stream.lines, Stream.fileno)."""
         sock = self._dial()
         try:
             sock.sendall(b'{"cmd": "watch"}\n')
-            watch = Watch(sock)
+            watch = Stream(sock)
             watch.first = self._answer(watch)
         except BaseException:
             sock.close()
@@ -120,9 +132,9 @@ class ControlClient:
                 yield raw.decode().rstrip("\n")
 
 
-class Watch:
-    """An open `watch` stream. Lines are read as they come, without blocking once `fileno()` is readable (select),
-    so one thread can wait on the daemon and on a keyboard or a timer at once."""
+class Stream:
+    """An open stream of JSON lines (`watch`), read as they come without blocking once `fileno()` is readable
+    (select), so one thread can wait on the daemon and on a keyboard or a timer at once."""
 
     MAX_PENDING = 1 << 20  # a line longer than this is not the daemon's: give up rather than buffer it all
 
@@ -160,7 +172,7 @@ class Watch:
     def close(self) -> None:
         self._sock.close()
 
-    def __enter__(self) -> Watch:
+    def __enter__(self) -> Stream:
         return self
 
     def __exit__(self, *exc: object) -> None:

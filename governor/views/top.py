@@ -53,7 +53,8 @@ def _temp_style(value: float, trip: float | None) -> str:
 def _bars(vals: Sequence[float | None], size: tuple[int, int], lo: float, hi: float, trip: float | None) -> list[Text]:
     """A bar per sample, newest at the right, `size` (width, height); the trip's row dashed where no bar is."""
     width, height = size
-    cols: list[float | None] = [None] * max(0, width - len(vals)) + list(vals)[-width:]
+    pad: list[float | None] = [None] * max(0, width - len(vals))
+    cols = pad + list(vals)[-width:]
     span = max(hi - lo, 1e-9)
     trip_row = None if trip is None else min(height - 1, max(0, int((trip - lo) / span * height)))
     rows: list[Text] = []
