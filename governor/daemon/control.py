@@ -274,7 +274,7 @@ def _drain(ticks: queue.Queue[TraceRecord | None]) -> bool:
 def _decisions_after(api: ControlApi, seen_t: float | None) -> list[dict[str, Any]]:
     """The distinct decisions made after the one at loop time `seen_t`, oldest first: the last one alone is asked
     first (nothing new is the usual answer), then more until the seen one is among them."""
-    n = 1
+    n = 1 if seen_t is not None else WATCH_DECISIONS
     while True:
         decisions = api.why(n)
         if seen_t is None or len(decisions) < n or decisions[0]["t"] <= seen_t or n >= WATCH_DECISIONS:

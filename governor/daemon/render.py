@@ -16,10 +16,15 @@ from policies.decision import EngineConfig, HoldAsk
 _CONTROL = dict.fromkeys([*range(32), 127, *range(128, 160)])
 
 
+def printable(value: Any) -> str:
+    """Text from the daemon with its control characters dropped, for a rich `Text` (which reads no markup)."""
+    return str(value).translate(_CONTROL)
+
+
 def safe(value: Any) -> str:
     """Text from the daemon (a reason, a hold's owner, a sensor path) as it is safe to print in a terminal through
     rich: control characters dropped, rich markup escaped ("[/]" would otherwise be a markup error or a style)."""
-    return escape(str(value).translate(_CONTROL))
+    return escape(printable(value))
 
 
 def ago(wall: float | None, now: float) -> str:

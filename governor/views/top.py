@@ -22,7 +22,7 @@ from rich.text import Text
 
 from governor.daemon.client import ControlClient
 from governor.daemon.control import ControlError
-from governor.daemon.render import ago, safe
+from governor.daemon.render import ago, printable, safe
 from governor.views.feed import Feed
 from policies.decision import EngineConfig, HoldAsk
 
@@ -101,7 +101,7 @@ class TopView:
         st = f.status
         width, height = max(width, 40), max(height, 12)
         head = self._header(st, width, now, note)
-        why = Text("why  ", "bold") + Text(safe(st.get("reason") or "-"))
+        why = Text.assemble(("why  ", "bold"), printable(st.get("reason") or "-"))
         why_lines = why.wrap(Console(width=width, color_system=None), width)[: 3 if height >= 40 else 2]
         below = self._below(st, width, now)
         decisions = self._decisions(width)
@@ -110,18 +110,21 @@ class TopView:
         chart_h = max(3, min(16, room // 2 if height < 40 else room - 16))
         zone_lines = self._zones(width, chart_h)
         out = [head, *why_lines, *zone_lines, self._band(width), *below]
-        out.append(Text("decisions", "bold") + Text(f" (newest first; {len(f.decisions)} kept)", "dim"))
+        out.append(Text.assemble(("decisions", "bold"), (f" (newest first; {len(f.decisions)} kept)", "dim")))
         out += decisions[: max(0, height - len(out))]
         return [_clip(line, width) for line in out[:height]]
 
     def _header(self, st: dict[str, Any], width: int, now: float, note: str) -> Text:
         state = st.get("state") or "starting"
         policy = (st.get("policy") or {}).get("name")
-        left = Text("governor ", "bold") + Text(f" {state.upper()} ", f"reverse {STATE_STYLE.get(state, '')}")
-        left += Text(f" since {ago(st.get('since'), now)}  policy {safe(os.path.basename(str(policy or '-')))}")
+        left = Text.assemble(
+            ("governor ", "bold"),
+            (f" {state.upper()} ", f"reverse {STATE_STYLE.get(state, '')}"),
+            f" since {ago(st.get('since'), now)}  policy {printable(os.path.basename(str(policy or '-')))}",
+        )
         right = note or (f"updated {max(0.0, now - self.feed.wall):.0f} s ago" if self.feed.wall else "")
         gap = width - left.cell_len - len(right)
-        return left + Text(" " * max(1, gap)) + Text(right, "dim")
+        return Text.assemble(left, " " * max(1, gap), (right, "dim"))
 
     def _zones(self, width: int, chart_h: int) -> list[Text]:
         f = self.feed
@@ -132,7 +135,7 @@ class TopView:
         values = list(f.temps.get(zone.source) or [])
         trip = basis.get("trip_c") if basis.get("zone") == zone.label else zone.trip_c
         latest = next((v for v in reversed(values) if v is not None), None)
-        title = Text(safe(zone.label), "bold") + Text(f"  {_c(latest)} °C  trip {_c(trip, 0)} °C")
+        title = Text.assemble((printable(zone.label), "bold"), f"  {_c(latest)} °C  trip {_c(trip, 0)} °C")
         if basis.get("forecast_c") is not None and basis.get("zone") == zone.label:
             title += Text(f"  forecast {_c(basis['forecast_c'])} °C")
         if basis.get("hot_enter_c") is not None and basis.get("zone") == zone.label:
@@ -156,14 +159,14 @@ class TopView:
                 continue
             series = list(f.temps.get(other.source) or [])
             last = next((v for v in reversed(series) if v is not None), None)
-            label = f"{safe(other.label)[:14]:<14} {_c(last):>5} °C trip {_c(other.trip_c, 0):>3} "
+            label = f"{printable(other.label)[:14]:<14} {_c(last):>5} °C trip {_c(other.trip_c, 0):>3} "
             spark_lo = min([v for v in series if v is not None] + [(other.trip_c or 60.0) - 30])
             out.append(Text(label) + _spark(series, width - len(label), spark_lo, other.trip_c or spark_lo + 30))
         return out
 
     def _band(self, width: int) -> Text:
         states = list(self.feed.states)[-(width - AXIS_W) :]
-        band = Text("state │", "dim") + Text(" " * (width - AXIS_W - len(states)))
+        band = Text.assemble(("state │", "dim"), " " * (width - AXIS_W - len(states)))
         for s in states:
             band.append(STATE_MARK.get(s or "", "?"), STATE_STYLE.get(s or "", ""))
         return band
@@ -176,39 +179,40 @@ class TopView:
         rate = eng.get("tokens_per_s")
         cap = cfg.get("max_tokens_per_s")
         label = f"tok/s {_c(rate):>5} "
-        tail = f" cap {cap:g}" if cap else " no cap"
+        tail = (f" cap {cap:g}" if cap else " no cap") + f" · {self._activity(st)}"
         finite = [v for v in f.tokens if v is not None]
         spark = _spark(f.tokens, max(10, width - len(label) - len(tail)), 0.0, max([*finite, cap or 0.0, 1.0]))
-        out.append(Text(label, "bold") + spark + Text(tail, "dim"))
-        out.append(Text("engine ", "bold") + Text(self._engine(st)))
-        out.append(Text("clock  ", "bold") + Text.from_markup(self._clock(st)))
-        out.append(Text("memory ", "bold") + Text(self._memory(st)))
-        out.append(Text("holds  ", "bold") + Text(self._holds(st)))
+        out.append(Text.assemble((label, "bold"), spark, (tail, "dim")))
+        out.append(Text.assemble(("knobs ", "bold"), self._engine(st)))
+        out.append(Text.assemble(("clock  ", "bold"), Text.from_markup(self._clock(st))))
+        out.append(Text.assemble(("memory ", "bold"), self._memory(st)))
+        out.append(Text.assemble(("holds  ", "bold"), self._holds(st)))
         routing = st.get("routing") or {}
         if routing.get("enabled"):
             where = "off the device" if routing.get("off_device") else "on the device"
-            out.append(Text("route  ", "bold") + Text(safe(f"{where}: {routing.get('reason')}")))
+            out.append(Text.assemble(("route  ", "bold"), printable(f"{where}: {routing.get('reason')}")))
         return out
 
     @staticmethod
     def _engine(st: dict[str, Any]) -> str:
-        cfg, eng, sup = st.get("config") or {}, st.get("engine") or {}, st.get("supervisor") or {}
+        cfg = st.get("config") or {}
         try:
-            settings = EngineConfig.model_validate(cfg).describe() if cfg else "no decision yet"
+            return printable(EngineConfig.model_validate(cfg).describe() if cfg else "no decision yet")
         except ValueError:
-            settings = str(cfg)
-        if not eng:
-            activity = "not answering" + (f" ({sup['last_exit']})" if sup.get("last_exit") else "")
-        elif eng.get("busy"):
-            activity = "generating"
-        else:
-            activity = "unloaded (idle)" if eng.get("loaded") is False else "idle"
+            return printable(cfg)
+
+    @staticmethod
+    def _activity(st: dict[str, Any]) -> str:
+        eng, sup = st.get("engine") or {}, st.get("supervisor") or {}
         if sup.get("critical"):
-            activity = f"given up: {sup['critical']}"
-        elif sup.get("waiting"):
-            activity = f"waiting: {sup['waiting']}"
+            return printable(f"given up: {sup['critical']}")
+        if sup.get("waiting"):
+            return printable(f"waiting: {sup['waiting']}")
+        if not eng:
+            return printable("not answering" + (f" ({sup['last_exit']})" if sup.get("last_exit") else ""))
+        activity = "generating" if eng.get("busy") else "unloaded (idle)" if eng.get("loaded") is False else "idle"
         rss = eng.get("rss_bytes")
-        return safe(f"{settings} · {activity}" + (f" · RSS {rss / MIB:.0f} MiB" if rss else ""))
+        return activity + (f" · RSS {rss / MIB:.0f} MiB" if rss else "")
 
     @staticmethod
     def _clock(st: dict[str, Any]) -> str:
@@ -242,7 +246,7 @@ class TopView:
             how = "charging" if bat.get("charging") else "on mains" if bat.get("plugged") else "discharging"
             power = f", {bat['power_w']:.1f} W" if bat.get("power_w") is not None else ""
             parts.append(f"battery {_c(bat.get('percent'), 0)} % {how}{power}")
-        return safe(" · ".join(parts) or "-")
+        return printable(" · ".join(parts) or "-")
 
     @staticmethod
     def _holds(st: dict[str, Any]) -> str:
@@ -254,15 +258,15 @@ class TopView:
             asks = ", ".join(f"{k} {h[k]}" for k in HoldAsk.model_fields if h.get(k) is not None)
             left = "" if h.get("expires_in_s") is None else f", {h['expires_in_s']:g} s left"
             parts.append(f"#{h['id']} {asks} ({h.get('owner')}{left})")
-        return safe("; ".join(parts))
+        return printable("; ".join(parts))
 
     def _decisions(self, width: int) -> list[Text]:
         out = []
         for d in reversed(self.feed.decisions):
             at = time.strftime("%H:%M:%S", time.localtime(d["wall"]))
             state = str(d.get("state"))
-            line = Text(f"{at} ") + Text(f"{state:<11}", STATE_STYLE.get(state, "")) + Text(f" {safe(d.get('reason'))}")
-            out.append(line)
+            reason = printable(d.get("reason"))
+            out.append(Text.assemble(f"{at} ", (f"{state:<11}", STATE_STYLE.get(state, "")), f" {reason}"))
         return out
 
     def frame(self, width: int, height: int, now: float, note: str = "") -> Group:
