@@ -20,6 +20,12 @@
   const show = (v, unit = "") => (v === null || v === undefined ? "-" : `${v}${unit}`);
   const fixed = (v, d = 1, unit = "") => (typeof v === "number" ? `${v.toFixed(d)}${unit}` : "-");
   const clock = (wall) => new Date(wall * 1000).toLocaleTimeString([], { hour12: false });
+  // Whole seconds at the least: one sample a second at most, and "08:15:30" reads better than ":30.000".
+  const TIME_AXIS = {
+    space: 70,
+    incrs: [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200],
+    values: (u, splits) => splits.map((v) => clock(v)),
+  };
 
   function facts(dl, rows) {
     dl.replaceChildren();
@@ -57,7 +63,7 @@
       ...size(div, height),
       scales: { x: { time: true }, ...scales },
       series: [{}, ...series],
-      axes: [{}, ...axes],
+      axes: [TIME_AXIS, ...axes],
       legend: { live: false },
     };
     dash.charts[name] = new uPlot(opts, [[]], div);

@@ -13,15 +13,13 @@ import os
 import pty
 import re
 import selectors
-import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 import termios
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,27 +30,14 @@ from governor.daemon.client import ControlClient
 from governor.views.feed import Feed
 from governor.views.top import TopView
 from tests.governor.daemon.daemon_proc import DaemonProc
+from tests.governor.views.conftest import ZONE_TEMP
 from tests.helpers import eventually
 
 pytestmark = pytest.mark.slow
 
 SNAPSHOTS = Path(__file__).with_name("snapshots")
 REPO = Path(__file__).resolve().parents[3]
-ZONE_TEMP = "sys/class/thermal/thermal_zone0/temp"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory, demo_ladder: Path) -> Iterator[DaemonProc]:
-    """One daemon for the module: 45 °C against an 80 °C trip, battery 15 % charging, engine idle."""
-    sock_dir = Path(tempfile.mkdtemp(prefix="gv", dir="/tmp"))  # a Unix socket path must fit in 108 bytes
-    d = DaemonProc(tmp_path_factory.mktemp("top"), sock_dir, demo_ladder)
-    try:
-        d.wait_ready()
-        yield d
-    finally:
-        d.stop()
-        shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 def mask(text: str) -> str:
