@@ -61,7 +61,8 @@ class Profile(StrictModel):
     min_threads: Threads | None = None
     n_ctx: Ctx
     kv_type: KvType = "f16"
-    model: ModelName = MODEL_LARGEST  # a ladder tier, "largest", "smallest"
+    # a ladder tier, "largest", "smallest": a name, never a path (`policy check` cannot see the ladder; reload can)
+    model: ModelName = Field(default=MODEL_LARGEST, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
     max_tokens_per_s: TokensPerS | None = None
     min_tokens_per_s: TokensPerS | None = None
 
@@ -272,7 +273,7 @@ class Slo(SloTargets):
 
 
 class Policy(StrictModel):
-    name: str = Field(default="custom", max_length=200)
+    name: str = Field(default="custom", max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$")  # no escape codes in output
     description: str = Field(default="", max_length=10_000)
     timing: Timing = Timing()
     activity: Activity = Activity()

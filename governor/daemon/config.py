@@ -25,6 +25,7 @@ Command-line flags override the file; the file overrides the defaults.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -48,6 +49,7 @@ class ConfigError(GovernorError):
     pass
 
 
+_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:.]{2,45}")  # a DNS name, IPv4, IPv6 (no brackets)
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
 ModelName = Annotated[str, Field(min_length=1, max_length=200)]
 
@@ -73,9 +75,21 @@ class Upstream(BaseModel):
     @field_validator("base_url")
     @classmethod
     def _url(cls, url: str) -> str:
+        """Checked here rather than at the first request (issue 33: port 99999, port 0, a CRLF or a space in the host
+        started fine and every routed request then got a plain-text 500)."""
+        if any(c.isspace() or not c.isprintable() for c in url):
+            raise ValueError(f"{url!r}: no spaces or control characters in a URL")
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"{url!r}: an http:// or https:// URL with a host (e.g. http://localhost:8080/v1)")
+        if not _HOST.fullmatch(parts.hostname):
+            raise ValueError(f"{url!r}: {parts.hostname!r} is not a host name or an IP address")
+        try:
+            port = parts.port
+        except ValueError:
+            raise ValueError(f"{url!r}: the port must be a number from 1 to 65535") from None
+        if port == 0:
+            raise ValueError(f"{url!r}: the port must be a number from 1 to 65535")
         if parts.username or parts.password:
             raise ValueError("put credentials in api_key_file or api_key_env, not in the URL")
         if parts.query or parts.fragment:

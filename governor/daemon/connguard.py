@@ -10,7 +10,10 @@ open no sysfs file, no control connection and no engine pipe. So, as the control
 - a connection over either cap gets `503` with `Retry-After` and is closed (logged at the 1st, 10th, 100th...
   refusal: a flood does not flood the journal);
 - a connection must complete its request head within `READ_TIMEOUT_S` (as on the control socket), and uvicorn
-  closes one idle between requests after its keep-alive timeout.
+  closes one idle between requests after its keep-alive timeout;
+- a request head (request line and headers) is at most `MAX_HEAD` bytes, else `431` and the connection is closed:
+  httptools holds a header's value whole before uvicorn sees it, and one 64 MB header was answered 200 (sixteen of
+  them from another user took the daemon to 561 MB, issue 33).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from governor.daemon.control import READ_TIMEOUT_S, peer_credentials
 from governor.daemon.proxylink import error_body
 
 MAX_CONNECTIONS = 256
+MAX_HEAD = 64 * 2**10
 FD_RESERVE = 256  # descriptors kept for sysfs reads, the control socket, the engine child and the log
 
 
@@ -40,13 +44,22 @@ def max_connections() -> int:
     return max(8, min(MAX_CONNECTIONS, (soft - FD_RESERVE) // 2))
 
 
-def _busy(message: str) -> bytes:
-    body = error_body(message, "too_many_connections")
+def _closing_answer(status: str, message: str, code: str, extra: str = "") -> bytes:
+    body = error_body(message, code)
     head = (
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nretry-after: 1\r\nconnection: close\r\n\r\n"
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n{extra}connection: close\r\n\r\n"
     )
     return head.encode() + body
+
+
+def _busy(message: str) -> bytes:
+    return _closing_answer("503 Service Unavailable", message, "too_many_connections", "retry-after: 1\r\n")
+
+
+HEAD_TOO_LARGE = _closing_answer(
+    "431 Request Header Fields Too Large", f"request head larger than {MAX_HEAD} bytes", "header_too_large"
+)
 
 
 class Guard:
@@ -101,6 +114,25 @@ class Guard:
                     return
                 self._uid = uid
                 self._head_timer = self.loop.call_later(READ_TIMEOUT_S, self._silent)
+
+            _head_bytes = 0  # received since the last request head ended (or the connection began)
+            _heads_ended = 0  # request heads that ended in the bytes being parsed
+
+            def on_headers_complete(self) -> None:
+                self._heads_ended += 1
+                self._head_bytes = 0
+                super().on_headers_complete()
+
+            def data_received(self, data: bytes) -> None:
+                self._heads_ended = 0
+                super().data_received(data)
+                # No head ended in these bytes and none is being answered: all of them belong to one unfinished head.
+                answering = self.cycle is not None and not self.cycle.response_complete
+                if not self._heads_ended and not answering and not self.transport.is_closing():
+                    self._head_bytes += len(data)
+                    if self._head_bytes > MAX_HEAD:
+                        self.transport.write(HEAD_TOO_LARGE)
+                        self.transport.close()
 
             def _silent(self) -> None:
                 self._head_timer = None

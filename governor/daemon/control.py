@@ -119,10 +119,34 @@ def _bad_request(exc: ValidationError) -> str:
 class _Handler(socketserver.StreamRequestHandler):
     server: _Server
     timeout = READ_TIMEOUT_S  # applied to the socket in setup(): no connection waits forever for a line
+    _pending: bytearray
+    _deadline: float
+
+    def _line(self, deadline: float) -> bytes:
+        """One line (at most MAX_LINE bytes) that must be complete by `deadline`: the socket's timeout bounds each
+        read only, and a client dripping a byte every 3 s held a connection for 45 s and more (issue 33)."""
+        while True:
+            end = self._pending.find(b"\n")
+            if end >= 0 or len(self._pending) >= MAX_LINE:
+                cut = MAX_LINE if end < 0 else end + 1
+                line, self._pending = bytes(self._pending[:cut]), self._pending[cut:]
+                return line
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            self.request.settimeout(left)
+            data = self.request.recv(65536)
+            if not data:
+                line, self._pending = bytes(self._pending), bytearray()
+                return line
+            self._pending += data
 
     def handle(self) -> None:
+        self._pending = bytearray()
+        self._deadline = time.monotonic() + READ_TIMEOUT_S
         try:
-            raw = self.rfile.readline(MAX_LINE)
+            raw = self._line(self._deadline)
+            self.request.settimeout(READ_TIMEOUT_S)  # for writing the answer: the deadline was the request's
             if len(raw) >= MAX_LINE and not raw.endswith(b"\n"):
                 self._send({"ok": False, "error": f"bad request: longer than {MAX_LINE} bytes"})
                 return
@@ -140,8 +164,9 @@ class _Handler(socketserver.StreamRequestHandler):
 
     def _http(self, line: str) -> None:
         path = line.split()[1] if len(line.split()) > 1 else "/"
-        while self.rfile.readline(65536).strip():
-            pass  # headers
+        while self._line(self._deadline).strip():
+            pass  # headers, within the same READ_TIMEOUT_S as the request line
+        self.request.settimeout(READ_TIMEOUT_S)
         if path == "/metrics":
             body, status = self.server.api.metrics().encode(), "200 OK"
             ctype = "text/plain; version=0.0.4; charset=utf-8"
@@ -174,6 +199,8 @@ class _Handler(socketserver.StreamRequestHandler):
                 self._record()
         except (OSError, TimeoutError):
             raise
+        except GovernorError as exc:  # the daemon refused what was asked (e.g. a hold on a tier it does not have)
+            self._send({"ok": False, "error": f"bad request: {exc}"})
         except Exception as exc:  # one request's bug must not take the server down: log it, answer, carry on
             structlog.get_logger("governor.control").exception("control request failed", cmd=req.cmd)
             self.server.errors += 1

@@ -291,9 +291,13 @@ class ProxyApp:
         streamed = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
         if not streamed:  # read whole before sending: a truncated JSON must never look like a complete one
             parts: list[bytes] = []
+            size = 0
             try:
                 while (data := await upstream.body()) is not None:
                     parts.append(data)
+                    size += len(data)
+                    if size > routed.MAX_ANSWER:
+                        raise Broken(f"its answer passed {routed.MAX_ANSWER} bytes")
             except Broken as exc:
                 msg = await self._died(start, exc)
                 await send_error(send, 502, msg, "engine_died", self._retry_after(), chat=chat)

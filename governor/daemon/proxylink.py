@@ -16,6 +16,7 @@ import httptools
 import uvicorn
 
 READ_CHUNK = 64 * 2**10
+MAX_HEAD = 64 * 2**10  # an answer's status line and headers; past it the answer is broken, not buffered
 ROUTE_HEADER = b"x-governor-route"  # every chat answer says where it ran: local or upstream:NAME
 LOCAL_ONLY_HEADER = b"x-governor-local-only"  # a request's opt-out of routing (docs/routing.md)
 CLASS_HEADER = b"x-governor-class"  # "background": judged against the policy's [slo.background]
@@ -91,6 +92,8 @@ class EngineLink(asyncio.BufferedProtocol):
         self._parser = httptools.HttpResponseParser(self)
         self._head_only = False  # an answer to HEAD has no body, whatever its content-length says
         self._headers: list[tuple[bytes, bytes]] = []
+        self._head_bytes = 0
+        self._until_close = False  # the body ends when the connection does (RFC 9112 6.3: no length, not chunked)
         self._status: int | None = None
         self._body: list[bytes] = []
         self._held = 0  # bytes in _body: over READ_CHUNK, reading pauses until the proxy takes them
@@ -134,7 +137,8 @@ class EngineLink(asyncio.BufferedProtocol):
         try:
             self._parser.feed_data(self._buffer[:nbytes])
         except httptools.HttpParserError as exc:
-            self._fail(Broken(f"bad answer from the engine: {exc}"))
+            cause = exc.__context__ if isinstance(exc.__context__, Broken) else exc
+            self._fail(Broken(f"bad answer: {cause}"))
             assert self._transport is not None
             self._transport.close()
             return
@@ -149,7 +153,10 @@ class EngineLink(asyncio.BufferedProtocol):
         return None  # close: an answer ends with its framing, never with a half-closed socket
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if not self._complete:
+        if not self._complete and self._until_close and exc is None and self._failed is None:
+            self._complete = True  # a close-delimited body ends here, whole
+            self._wake()
+        elif not self._complete:
             self._fail(Broken(str(exc) if exc else "the engine closed the connection"))
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
@@ -167,13 +174,18 @@ class EngineLink(asyncio.BufferedProtocol):
         self._headers = []
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_bytes += len(name) + len(value)
+        if self._head_bytes > MAX_HEAD:
+            raise Broken(f"an answer head over {MAX_HEAD} bytes")
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
         if status >= 200:
             self._status = status
-            self._complete = self._head_only
+            self._complete = self._head_only or status in (204, 304)
+            names = {name.lower() for name, _ in self._headers}
+            self._until_close = b"content-length" not in names and b"transfer-encoding" not in names
 
     def on_body(self, body: bytes) -> None:
         self._body.append(body)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 import time
 from collections import deque
@@ -24,6 +25,7 @@ from govbase.errors import GovernorError
 from governor.daemon.config import Upstream
 from governor.daemon.proxylink import CLASS_HEADER, LOCAL_ONLY_HEADER
 from governor.daemon.restarts import Availability
+from governor.daemon.secrets import Scrubber
 from policies.decision import Decision
 from policies.schema import Policy
 from policies.slo import Measured, Prediction, RouteGate, predict
@@ -47,16 +49,21 @@ def read_key(upstream: Upstream, env: Mapping[str, str]) -> str | None:
             raise RoutingError(f"upstream {upstream.name}: environment variable {upstream.api_key_env} is not set")
         return key.strip()
     if upstream.api_key_file is not None:
+        where = f"upstream {upstream.name}: api_key_file {upstream.api_key_file}"
         try:
-            with open(upstream.api_key_file, "rb") as f:
-                raw = f.read(MAX_KEY_BYTES + 1)
+            # Non-blocking, and a regular file only: a FIFO there blocked `governor run` forever (issue 33).
+            fd = os.open(upstream.api_key_file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise RoutingError(f"{where}: not a regular file")
+                raw = os.read(fd, MAX_KEY_BYTES + 1)
+            finally:
+                os.close(fd)
         except OSError as exc:
-            raise RoutingError(
-                f"upstream {upstream.name}: api_key_file {upstream.api_key_file}: {exc.strerror}"
-            ) from exc
+            raise RoutingError(f"{where}: {exc.strerror}") from exc
         key = raw.decode(errors="replace").strip()
         if not key or len(raw) > MAX_KEY_BYTES or any(c in key for c in "\r\n\0"):
-            raise RoutingError(f"upstream {upstream.name}: api_key_file {upstream.api_key_file}: not one key line")
+            raise RoutingError(f"{where}: not one key line")
         return key
     return None
 
@@ -68,6 +75,7 @@ class UpstreamLink:
         self.config = config
         self.name = config.name
         self._key = key
+        self.scrubber = Scrubber(key)
         self.down_until: float | None = None  # monotonic
         self.last_error: str | None = None
         self.requests = 0
@@ -80,8 +88,8 @@ class UpstreamLink:
         return [] if self._key is None else [(b"authorization", b"Bearer " + self._key.encode())]
 
     def scrub(self, text: str) -> str:
-        """An upstream's error text with its key taken out, should it echo it back."""
-        return text if not self._key else text.replace(self._key, "***")
+        """An upstream's error text with its key taken out, in any encoding, should it echo it back."""
+        return self.scrubber.text(text)
 
     def healthy(self, now: float) -> bool:
         return self.down_until is None or now >= self.down_until

@@ -295,6 +295,9 @@ class Daemon:
         return self.prom.text()
 
     def add_hold(self, hold: Hold) -> int:
+        tiers = [t.name for t in self.supervisor.ladder.tiers]
+        if hold.max_tier is not None and hold.max_tier not in tiers:  # it would hold nothing, silently
+            raise GovernorError(f"max_tier: no tier {hold.max_tier!r} in the ladder ({', '.join(tiers)})")
         cookie = self.holds.add(hold)
         self._log.info("hold taken", hold=cookie, **hold.model_dump(mode="json", exclude_none=True))
         return cookie

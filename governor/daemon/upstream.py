@@ -30,6 +30,8 @@ Send = Callable[[Message], Awaitable[None]]
 Header = tuple[bytes, bytes]
 __all__ = ["CLASS_HEADER", "LOCAL_ONLY_HEADER", "ROUTE_HEADER", "UpstreamFailed", "forward"]
 PASSED_HEADERS = frozenset({b"content-type", b"x-request-id", b"openai-processing-ms", b"retry-after"})
+MAX_ANSWER = 16 * 2**20  # a whole (not streamed) answer, held to be checked and marked: past it, refused
+MAX_OPENING = 2**20  # a stream's events before its first token (held, so that the device can still take over)
 
 
 class UpstreamFailed(Exception):
@@ -46,7 +48,7 @@ def mark_json(content: bytes, fields: dict[str, Any]) -> bytes:
     """A whole JSON answer with `fields` merged into its `governor` object (anything else: unchanged)."""
     try:
         data = json.loads(content)
-    except ValueError:
+    except (ValueError, RecursionError):
         return content
     return _merge(data, fields) if isinstance(data, dict) else content
 
@@ -59,6 +61,19 @@ def _events(buffer: bytes) -> list[bytes]:
 def _payload(event: bytes) -> bytes | None:
     lines = [line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:")]
     return b"\n".join(lines) if lines else None
+
+
+def malformed_event(buffer: bytes) -> bytes | None:
+    """The first complete event's payload that is neither JSON nor `[DONE]` (None: all well formed)."""
+    for event in _events(buffer):
+        payload = _payload(event)
+        if payload is None or payload.strip() == b"[DONE]":
+            continue
+        try:
+            json.loads(payload)
+        except (ValueError, RecursionError):
+            return payload
+    return None
 
 
 def first_token_seen(buffer: bytes) -> bool:
@@ -160,14 +175,16 @@ async def forward(
         except (OSError, Broken, TimeoutError) as exc:
             raise UpstreamFailed(link.scrub(_describe(exc))) from exc
         on_first_token()
+        scrub = link.scrubber.data  # the key never reaches the client, whatever the upstream echoes
+        head = [(k, scrub(v)) for k, v in head]
         if not streamed:  # the whole answer, marked
-            content = mark_json(held, fields)
+            content = mark_json(scrub(held), fields)
             head.append((b"content-length", str(len(content)).encode()))
             await send({"type": "http.response.start", "status": status, "headers": head})
             await send({"type": "http.response.body", "body": content, "more_body": False})
             return
         await send({"type": "http.response.start", "status": status, "headers": head})
-        await send({"type": "http.response.body", "body": mark_first_event(held, fields), "more_body": True})
+        await send({"type": "http.response.body", "body": mark_first_event(scrub(held), fields), "more_body": True})
         await _stream_rest(link, conn, send, on_broken)
     finally:
         conn.close()
@@ -180,19 +197,30 @@ async def _until_first_token(
     Raises UpstreamFailed for an error answer or a stream that ends before a token."""
     loop = asyncio.get_running_loop()
     if not 200 <= status < 300:
-        text = (await _whole(conn))[:300].decode(errors="replace")
+        text = (await _whole(conn, MAX_OPENING))[:300].decode(errors="replace")
         raise UpstreamFailed(link.scrub(f"HTTP {status}: {text}"))
     if not any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in head):
-        return await _whole(conn), False
+        whole = await _whole(conn, MAX_ANSWER)
+        try:
+            data = json.loads(whole)
+        except (ValueError, RecursionError):
+            raise UpstreamFailed(f"HTTP {status} with a body that is not JSON ({len(whole)} bytes)") from None
+        if not isinstance(data, dict):
+            raise UpstreamFailed(f"HTTP {status} with JSON that is not an object")
+        return whole, False
     held = b""
     while not first_token_seen(held):
         data = await conn.body()
         if data is None:
             break
         held += data
+        if len(held) > MAX_OPENING:
+            raise UpstreamFailed(f"over {MAX_OPENING} bytes of events before the first token")
         deadline.reschedule(loop.time() + link.config.timeout_s)
     if not held:
         raise UpstreamFailed("the upstream closed the stream before the first token")
+    if (bad := malformed_event(held)) is not None:
+        raise UpstreamFailed(f"a streamed event that is not JSON: {bad[:60]!r}")
     return held, True
 
 
@@ -202,7 +230,7 @@ async def _stream_rest(link: UpstreamLink, conn: EngineLink, send: Send, on_brok
         async with asyncio.timeout(link.config.timeout_s) as deadline:
             while (data := await conn.body()) is not None:
                 deadline.reschedule(loop.time() + link.config.timeout_s)
-                await send({"type": "http.response.body", "body": data, "more_body": True})
+                await send({"type": "http.response.body", "body": link.scrubber.data(data), "more_body": True})
     except (Broken, TimeoutError) as exc:
         why = link.scrub(_describe(exc))
         on_broken(why)
@@ -212,8 +240,12 @@ async def _stream_rest(link: UpstreamLink, conn: EngineLink, send: Send, on_brok
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _whole(conn: EngineLink) -> bytes:
-    parts = []
+async def _whole(conn: EngineLink, limit: int) -> bytes:
+    """The rest of the answer, refused past `limit` bytes (a 300 MB answer took the daemon to 1.4 GB)."""
+    parts, size = [], 0
     while (data := await conn.body()) is not None:
+        size += len(data)
+        if size > limit:
+            raise UpstreamFailed(f"an answer over {limit} bytes")
         parts.append(data)
     return b"".join(parts)
