@@ -27,7 +27,7 @@ from typing import Any
 
 from bench.engine_common import SAMPLING, measure_stream, our_engine, served
 from governor.daemon.config import Upstream
-from governor.daemon.proxy import ProxyServer
+from governor.daemon.publicsocket import ProxyServer
 from governor.daemon.restarts import Availability
 from governor.daemon.routing import Router, UpstreamLink
 from governor.engine import demo

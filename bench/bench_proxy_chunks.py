@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_proxy import Gate  # the supervisor side: an engine that is up
-from governor.daemon.proxy import ProxyServer
+from governor.daemon.publicsocket import ProxyServer
 
 ENGINE = textwrap.dedent(
     """

@@ -228,7 +228,7 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
             "holds": float(len(holds.all())),
         },
     )
-    from governor.daemon.proxy import ProxyServer  # uvicorn and h11 load here, once the config is known good
+    from governor.daemon.publicsocket import ProxyServer  # uvicorn and h11 load here, once the config is known good
 
     router = make_router(config, env, decider, watch, metrics)
     proxy = ProxyServer(

@@ -1,10 +1,9 @@
-"""The proxy's parts (governor.daemon.proxy): the HTTP/1.1 link to the engine child's private socket, the uvicorn
-server that holds the public one without waking up ten times a second, and the error answers."""
+"""The proxy's parts (governor.daemon.proxy): the HTTP/1.1 link to the engine child's private socket (or an
+upstream), framed per RFC 9112 with bounded heads, and the error answers."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import ssl
 from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
@@ -13,7 +12,6 @@ from typing import Any, cast
 
 import h11
 import httptools
-import uvicorn
 
 READ_CHUNK = 64 * 2**10
 MAX_HEAD = 64 * 2**10  # an answer's status line and headers; past it the answer is broken, not buffered
@@ -343,25 +341,3 @@ async def _resumed(step: Coroutine[Any, Any, None], waiting: Any) -> None:
 
 class Broken(Exception):
     """The engine's connection closed or broke before its answer was complete."""
-
-
-class QuietServer(uvicorn.Server):
-    """uvicorn's main loop wakes every 0.1 s to look at `should_exit`: ten wake-ups a second of an idle daemon
-    (issue 16). This one sleeps until `stop()` (any thread) wakes it."""
-
-    _loop: asyncio.AbstractEventLoop | None = None
-    _exit: asyncio.Event | None = None
-
-    async def main_loop(self) -> None:
-        self._exit = asyncio.Event()
-        self._loop = asyncio.get_running_loop()
-        if await self.on_tick(0):  # the default headers, once; True when stop() came first
-            return
-        await self._exit.wait()
-
-    def stop(self) -> None:
-        self.should_exit = True
-        loop, event = self._loop, self._exit
-        if loop is not None and event is not None:
-            with contextlib.suppress(RuntimeError):  # the loop has already closed
-                loop.call_soon_threadsafe(event.set)

@@ -35,7 +35,7 @@ from policies.decision import Decision, Hold, State
 from sensors.snapshot import EngineObservation, Snapshot, TraceRecord
 
 if TYPE_CHECKING:
-    from governor.daemon.proxy import ProxyServer  # built (and uvicorn imported) by app.build
+    from governor.daemon.publicsocket import ProxyServer  # built (and uvicorn imported) by app.build
     from governor.daemon.routing import Router
 
 RELOAD_WAIT_S = 30.0

@@ -11,8 +11,8 @@ from pathlib import Path
 import h11
 import pytest
 
-from governor.daemon.proxy import ProxyServer, fast_loop
 from governor.daemon.proxylink import Broken, EngineLink
+from governor.daemon.publicsocket import ProxyServer, fast_loop
 from governor.daemon.restarts import Availability
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -75,7 +75,7 @@ class ScriptedEngine:
 def proxied(
     tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[ScriptedEngine, Path]]:
-    """The proxy on asyncio's own event loop and on uvloop (used when installed: governor.daemon.proxy.fast_loop)."""
+    """The proxy on asyncio's own event loop and on uvloop (used when installed: publicsocket.fast_loop)."""
     monkeypatch.setenv("GOVERNOR_PROXY_LOOP", request.param)
     engine = ScriptedEngine(tmp_path / "e-child.sock")
     proxy = ProxyServer(tmp_path / "e.sock", engine.path, Gate(), hold_s=1.0, drain_s=1)

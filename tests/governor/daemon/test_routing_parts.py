@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from governor.daemon.config import ConfigError, load_config
-from governor.daemon.proxy import ProxyServer
+from governor.daemon.publicsocket import ProxyServer
 from governor.daemon.restarts import Availability
 from governor.daemon.routing import Router, RoutingError, UpstreamLink, build_router, chat_info, read_key
 from governor.daemon.upstream import first_token_seen, mark_first_event, mark_json
