@@ -38,8 +38,8 @@ from governor.daemon.restarts import RestartPolicy
 from governor.daemon.state import DaemonState
 from governor.daemon.supervisor import EngineSupervisor, SupervisedDecider
 from governor.daemon.watch import EngineWatch
+from governor.demo.models import RANDOM_DIR, write_demo_models
 from governor.engine.client import EngineClient
-from governor.engine.demo import RANDOM_DIR, write_demo_models
 from governor.loop import GovernorLoop
 from policies import StateMachine, load_policy
 from policies.assemble import load_footprints

@@ -57,7 +57,7 @@ from bench.engine_common import (
     smollm2,
     thread_cpu_s,
 )
-from governor.engine import demo
+from governor.demo import models as demo
 
 STORY: Messages = [
     {"role": "user", "content": "Write a very long story about a dragon who learns to cook. Use at least 500 words."}

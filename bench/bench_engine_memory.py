@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.engine_common import BIG, SAMPLING, demo_ladder, median, our_engine, ratio_line, served
-from governor.engine import demo
+from governor.demo import models as demo
 from policies.ladder import load_ladder
 
 INPROC_RSS = """

@@ -17,10 +17,10 @@ import statistics
 import time
 from pathlib import Path
 
+from governor.demo.models import RANDOM_DIR, write_demo_models
+from governor.demo.smollm2 import REAL_TIERS, write_real_models
 from governor.engine.config import single_model
-from governor.engine.demo import RANDOM_DIR, write_demo_models
 from governor.engine.model import LoadedModel
-from governor.engine.smollm2 import REAL_TIERS, write_real_models
 from policies.decision import EngineConfig
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -34,8 +34,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the daemon harness lives in tests/
 
 from bench.engine_common import llama_cpp_server, llama_cpp_server_env, served
+from governor.demo.models import RANDOM_DIR, write_demo_models
 from governor.engine.client import EngineClient
-from governor.engine.demo import RANDOM_DIR, write_demo_models
 from policies.ladder import load_ladder
 from tests.governor.daemon.daemon_proc import DaemonProc, device_tree
 from tests.helpers import eventually

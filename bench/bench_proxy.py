@@ -30,7 +30,7 @@ from governor.daemon.config import Upstream
 from governor.daemon.publicsocket import ProxyServer
 from governor.daemon.restarts import Availability
 from governor.daemon.routing import Router, UpstreamLink
-from governor.engine import demo
+from governor.demo import models as demo
 from governor.engine.client import EngineClient
 from policies.ladder import load_ladder
 

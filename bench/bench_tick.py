@@ -29,7 +29,7 @@ from governor.clock import RealClock, Signal
 from governor.daemon.app import build
 from governor.daemon.client import ControlClient
 from governor.daemon.config import load_config
-from governor.engine.demo import RANDOM_DIR, write_demo_models
+from governor.demo.models import RANDOM_DIR, write_demo_models
 from tests.helpers import eventually
 
 REPO = Path(__file__).resolve().parent.parent

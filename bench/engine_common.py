@@ -24,7 +24,7 @@ import httpx2
 import llama_cpp
 import openai
 
-from governor.engine import demo
+from governor.demo import models as demo
 from governor.engine.client import EngineClient
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,13 +15,14 @@ Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], Non
 def _registrars() -> list[Register]:
     from governor.benchdevice import register as bench_device
     from governor.daemon.cli import register as daemon
+    from governor.demo.cli import register as demo_models
     from governor.engine.cli import register as engine
     from governor.lab.cli import register as lab
     from governor.policies_cli import register as policies
     from governor.sensors_cli import register as sensors
     from governor.views.cli import register as views
 
-    return [sensors, policies, engine, bench_device, daemon, lab, views]
+    return [sensors, policies, engine, demo_models, bench_device, daemon, lab, views]
 
 
 def build_parser(registrars: Sequence[Register] | None = None) -> argparse.ArgumentParser:

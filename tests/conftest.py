@@ -55,7 +55,7 @@ def demo_ladder() -> Path:
     """The demo model ladder TOML (random-weight GGUF models), written once per machine and reused across runs.
 
     Cached in the repository's `demo-models/` (what `make run` uses) unless GOVERNOR_DEMO_DIR names another directory;
-    concurrent test runs are safe (see governor.engine.demo).
+    concurrent test runs are safe (see governor.demo.models).
     """
     directory = Path(os.environ.get("GOVERNOR_DEMO_DIR") or REPO / "demo-models" / "random")
     return _demo_models(directory, "--random")

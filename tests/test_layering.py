@@ -1,7 +1,8 @@
-"""The layers point one way: govbase <- sensors <- policies <- governor (engine, lab <- daemon).
+"""The layers point one way: govbase <- sensors <- policies <- governor (engine, lab <- daemon), and no modules import
+each other in a circle.
 
-Every `import` and `from ... import` in the source is read with `ast` (including imports inside functions), so a lazy
-import that points the wrong way fails here as well as a top-level one.
+Every `import` and `from ... import` in the source is read with `ast` (including imports inside functions and under
+TYPE_CHECKING), so a lazy import that points the wrong way, or closes a circle, fails here as well as a top-level one.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 }
 
 
-def _imports(path: Path, module: str) -> list[tuple[int, str]]:
+def _imports(path: Path, module: str, *, names: bool = False) -> list[tuple[int, str]]:
+    """(line, dotted name) of every import; with `names`, `from a import b` gives `a.b` too (b may be a module)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
@@ -37,7 +39,55 @@ def _imports(path: Path, module: str) -> list[tuple[int, str]]:
             else:
                 name = node.module or ""
             found.append((node.lineno, name))
+            if names:
+                found += [(node.lineno, f"{name}.{alias.name}") for alias in node.names]
     return found
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for package in OURS:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def circles(root: Path) -> list[list[str]]:
+    """Every set of our modules that import each other in a circle (strongly connected, Tarjan), sorted."""
+    modules = _modules(root)
+    graph = {
+        module: sorted({name for _, name in _imports(path, module, names=True) if name in modules and name != module})
+        for module, path in modules.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for module in graph:
+        if module not in index:
+            visit(module)
+    return sorted(out)
 
 
 def _within(name: str, prefix: str) -> bool:
@@ -59,6 +109,20 @@ def violations(root: Path) -> list[str]:
 
 def test_no_import_points_the_wrong_way() -> None:
     assert violations(ROOT) == []
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    assert circles(ROOT) == []
+
+
+def test_the_circle_finder_finds_a_lazy_circle_and_not_a_chain(tmp_path: Path) -> None:
+    for package in OURS:
+        (tmp_path / package).mkdir()
+    (tmp_path / "governor/lab").mkdir()
+    (tmp_path / "governor/lab/a.py").write_text("from governor.lab.b import x\n")
+    (tmp_path / "governor/lab/b.py").write_text("def f():\n    from governor.lab import a\n")
+    (tmp_path / "governor/lab/c.py").write_text("from governor.lab import a\n")
+    assert circles(tmp_path) == [["governor.lab.a", "governor.lab.b"]]
 
 
 @pytest.mark.parametrize(

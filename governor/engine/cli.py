@@ -1,4 +1,4 @@
-"""The engine's subcommands: `governor engine` (the serving process) and `governor demo-models`."""
+"""The engine's subcommand: `governor engine` (the serving process)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,6 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from governor.engine.demo import register as demo_models
     from governor.engine.serve import register as engine
 
     engine(sub)
-    demo_models(sub)

@@ -19,6 +19,7 @@ from llama_cpp.llama_chat_format import CHATML_CHAT_TEMPLATE, Jinja2ChatFormatte
 from llama_cpp.llama_grammar import LlamaGrammar
 
 from governor.engine.config import GGML_TYPE, ModelSpec, head_dim, learn_head_dim
+from governor.engine.plan import cache_fits
 from governor.engine.window import Cut
 from policies.decision import EngineConfig
 
@@ -288,7 +289,9 @@ class LoadedModel:
         """Put a saved sequence into this context's cache (llama_state_seq_set_data); False when it does not fit
         (the cache stays empty then)."""
         n = len(saved.tokens)
-        if n >= self.n_ctx or not llama_cpp.llama_state_seq_set_data(self.llm.ctx, saved.data, saved.size, 0):
+        if not cache_fits(n, self.n_ctx) or not llama_cpp.llama_state_seq_set_data(
+            self.llm.ctx, saved.data, saved.size, 0
+        ):
             return False
         self.llm.input_ids[:n] = saved.tokens
         self.llm.n_tokens = n

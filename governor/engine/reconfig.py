@@ -14,15 +14,15 @@ from typing import Any
 
 import structlog
 
-from governor.engine.chat import room_for_answer
 from governor.engine.config import ConfigRefused, ModelSpec, resolve
 from governor.engine.events import ModelChanged, Trimmed
 from governor.engine.extra_buffers import ExtraBuffers
 from governor.engine.jobs import ConfigJob, Counters, Run
 from governor.engine.model import LoadedModel, ModelLoadError, SavedSequence
+from governor.engine.plan import answer_room, kind
 from governor.engine.prompts import refit
 from governor.engine.slot import Slot
-from governor.engine.swap import WarmSwap, why_cold
+from governor.engine.swap import WarmSwap, cold_reason
 from policies.decision import EngineConfig
 
 log = structlog.get_logger("governor.engine")
@@ -68,7 +68,7 @@ class Reconfigure:
                 cj.done(target, "unloaded", time.perf_counter() - t0)
                 log.info("engine.config", applied="unloaded", **target.model_dump())
                 continue
-            if not self.settings.needs_reload(target):
+            if kind(self.settings, target) == "live":
                 if target.threads != self.model.threads:
                     self.model.set_threads(target.threads)
                 self.settings = target
@@ -105,8 +105,7 @@ class Reconfigure:
             run.gen = None
         previous = self.settings
         # Same model and KV type (an n_ctx change): the cache's contents can be copied into the new context.
-        same_cache = previous.model == target.model and previous.kv_type == target.kv_type
-        saved = self.model.save_sequence() if same_cache else None
+        saved = self.model.save_sequence() if kind(previous, target) == "resize" else None
         self.slot.unload(why="config")
         try:
             self.slot.load(self.models[target.model], target, why="config", warm=run is None)
@@ -129,8 +128,8 @@ class Reconfigure:
     def _start_swap(self, target: EngineConfig, run: Run, cj: ConfigJob) -> bool:
         """Build `target` warm beside the answering context when it can be (governor.engine.swap)."""
         limit = run.job.request.token_limit()
-        room = room_for_answer(target.n_ctx, None if limit is None else max(limit - run.n_completion, 1))
-        why = why_cold(self.model, self.settings, target, len(run.ctx_tokens), room)
+        room = answer_room(target.n_ctx, None if limit is None else limit - run.n_completion)
+        why = cold_reason(self.model, self.settings, target, len(run.ctx_tokens), room)
         if why is not None:
             log.info("engine.swap_cold", why=why)
             return False
@@ -183,7 +182,7 @@ class Reconfigure:
         """Continue `run` in the new context: the same tokens when they fit, else a re-rendered, trimmed prompt."""
         m, req = self.model, run.job.request
         limit = req.token_limit()
-        room = room_for_answer(m.n_ctx, None if limit is None else max(limit - run.n_completion, 1))
+        room = answer_room(m.n_ctx, None if limit is None else limit - run.n_completion)
         if run.model_name != m.spec.name or len(run.ctx_tokens) + room > m.n_ctx:
             trimmed = run.trimmed
             if not refit(m, run, room):

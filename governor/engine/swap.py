@@ -23,44 +23,29 @@ import psutil
 from governor.engine.config import ModelSpec
 from governor.engine.jobs import ConfigJob
 from governor.engine.model import LoadedModel
+from governor.engine.plan import next_round, second_context_bytes, why_cold
 from policies.decision import EngineConfig
-from policies.memfit import MIB, MemFitError, ModelFootprint
-from policies.schema import Memory
-
-RESERVE_BYTES = Memory().reserve_mb * MIB  # left free for everything else, as the policy's memory fit does
+from policies.memfit import MIB, ModelFootprint
 
 
-def why_cold(model: LoadedModel, settings: EngineConfig, target: EngineConfig, tokens: int, room: int) -> str | None:
-    """None when `target` can be built warm beside `model` (the answer's `tokens` so far plus `room` for the rest
-    fit its context), else why not."""
-    if target.model != settings.model or target.kv_type == settings.kv_type:
-        return "not a KV type change of the same model"
-    if model.threads < 2:
-        return "one thread: nothing to split"
-    if tokens + room > target.n_ctx:
-        return "the answer does not fit the new context as it is"
-    try:
-        need = extra_bytes(model, target)
-    except MemFitError as exc:
-        return str(exc)
-    available = psutil.virtual_memory().available
-    if available - need < RESERVE_BYTES:
-        return f"{need / MIB:.0f} MiB more would leave less than {RESERVE_BYTES / MIB:.0f} MiB of {available / MIB:.0f}"
-    return None
+def cold_reason(model: LoadedModel, settings: EngineConfig, target: EngineConfig, tokens: int, room: int) -> str | None:
+    """None when `target` can be built warm beside `model` (governor.engine.plan.why_cold), else why not; the memory
+    is asked last: what a second context of the loaded weights adds, against what the system has available."""
+
+    def memory() -> tuple[float, float]:
+        return extra_bytes(model, target), float(psutil.virtual_memory().available)
+
+    return why_cold(settings, target, threads=model.threads, tokens=tokens, room=room, memory=memory)
 
 
 def extra_bytes(model: LoadedModel, target: EngineConfig) -> float:
-    """What a second context of `model`'s weights with `target` adds: its KV cache and compute buffer, plus the
+    """A second context of `model`'s weights with `target` (governor.engine.plan.second_context_bytes), counting the
     weights llama.cpp copied out of the mapped file (repacked: CPU_REPACK, AMX)."""
     llm = model.llm
     meta: dict[str, str] = llm.metadata
     footprint = ModelFootprint.from_fields(model.spec.path, meta.get, n_vocab=llm.n_vocab())
     copied = sum(mib for name, mib in model.weight_buffers_mib.items() if name != "CPU_Mapped") * MIB
-    kv = footprint.kv_bytes(target.n_ctx, target.kv_type)
-    return kv + footprint.compute_bytes(target.n_ctx, target.n_batch) + copied
-
-
-CATCH_UP_ROUNDS = 4  # after the prefill, evaluations of the tokens the answer gained meanwhile
+    return second_context_bytes(footprint, target, copied)
 
 
 class WarmSwap:
@@ -98,15 +83,13 @@ class WarmSwap:
             self.model = LoadedModel(spec, build, extra_buffers=extra_buffers)
             llm = self.model.llm
             with self.model.interruptible():
-                done = 0
-                for _ in range(1 + CATCH_UP_ROUNDS):
-                    if self._cancelled:  # checked after `interruptible` cleared the abort flag
+                done, rounds = 0, 0
+                while not self._cancelled:  # checked after `interruptible` cleared the abort flag
+                    goal = next_round(done, len(tokens), rounds)
+                    if goal is None:
                         break
-                    upto = len(tokens) - 1  # the last token is evaluated at the switch (its logits sample the next)
-                    if upto - done < 2:
-                        break
-                    llm.eval(tokens[done:upto])
-                    done = upto
+                    llm.eval(tokens[done : int(goal)])
+                    done, rounds = int(goal), rounds + 1
         except Exception as exc:  # reported by take(); the old context goes on
             self.error = exc
         finally:

@@ -20,45 +20,17 @@ do it (governor.lab.swap), the answer going on meanwhile, else cold (the answer 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
+from governor.engine import plan
+from governor.lab import swap
 from governor.lab.device import MB, CpuSpec, EngineSpec, SimModelSpec
-from governor.lab.swap import Swapping, WarmSwap
+from governor.lab.stats import EngineStats, batch_efficiency
+from governor.lab.swap import WarmSwap
 from governor.lab.workload import Request
 from policies.decision import EngineConfig
 
-BATCH_HALF = 32  # n_batch at which a step's fixed costs equal its per-token work (assumed, see batch_efficiency)
 
-
-def batch_efficiency(n_batch: int) -> float:
-    """Prompt evaluation speed at `n_batch` relative to llama.cpp's default 512: each step has a fixed cost (reading
-    the weights once, the graph, the thread barrier) spread over the batch, b / (b + BATCH_HALF). An assumption, not
-    a measurement: at 64 it gives 0.71, at 128 0.85, at 2048 1.05."""
-    default = 512 / (512 + BATCH_HALF)
-    return n_batch / (n_batch + BATCH_HALF) / default
-
-
-@dataclass
-class EngineStats:
-    tokens: float = 0.0
-    lost_tokens: float = 0.0  # of `tokens`, those of answers the kernel killed mid-stream (the client got an error)
-    decode_s: float = 0.0
-    prefill_tokens: float = 0.0
-    answers: int = 0
-    truncated: int = 0
-    failed: int = 0
-    oom_kills: int = 0
-    starts: int = 0  # engine processes started: the first, after an OOM kill, after waiting for memory
-    reloads: int = 0  # new KV cache: the conversation evaluated again
-    warm_swaps: int = 0  # of which built beside the answering context (governor.lab.swap)
-    cold_why: list[str] = field(default_factory=list)  # why each KV type change mid-answer was not warm
-    resizes: int = 0  # n_ctx changes that kept the cache
-    shifts: int = 0  # context shifts (the oldest half of the cache dropped, the rest kept)
-    ttft_s: list[float] = field(default_factory=list)
-    rate_samples: list[tuple[float, float]] = field(default_factory=list)  # (tokens/s, seconds) while decoding
-
-
-class EngineSim(Swapping):
+class EngineSim:
     """One engine process: loads the model a config names, serves requests one at a time, can be OOM-killed."""
 
     def __init__(self, spec: EngineSpec, cpu: CpuSpec) -> None:
@@ -109,11 +81,12 @@ class EngineSim(Swapping):
             return  # started with this config once memory comes back
         if old is None:
             self.stats.starts += 1
-        if old is None or old.model != config.model:
+        step = "new_model" if old is None else plan.kind(old, config)
+        if step == "new_model":
             self._reload(t, delay_s=0.0, weights=True)
-        elif old.kv_type != config.kv_type:
+        elif step == "new_cache":
             self._reload(t, delay_s=0.0, weights=False)
-        elif (old.n_ctx, old.n_batch) != (config.n_ctx, config.n_batch):
+        elif step == "resize":
             self._resize(t)  # n_batch too is fixed when a context is built
 
     def _set(self, config: EngineConfig) -> None:
@@ -135,7 +108,7 @@ class EngineSim(Swapping):
         into it (`llama_state_seq_get_data` / `_set_data`); nothing is evaluated again. As in the engine, a cache that
         does not fit the smaller context is not copied: the conversation is evaluated again instead."""
         assert self.config is not None
-        if self.ctx >= self.config.n_ctx:
+        if not plan.cache_fits(self.ctx, self.config.n_ctx):
             self._reload(t, delay_s=0.0, weights=False)
             return
         self.stats.resizes += 1
@@ -163,6 +136,53 @@ class EngineSim(Swapping):
         else:
             self.history = self._pending_history = min(self.ctx + self._pending_history, half)
         self.ctx = 0.0
+
+    def _start_swap(self, old: EngineConfig, config: EngineConfig, t: float) -> bool:
+        """Build `config` warm beside the answering context when the real engine would (governor.lab.swap)."""
+        if self.current is None or self.stopped or not self.loaded or t < self.ready_s:
+            return False  # between answers (or while loading) a change is cold: no answer waits for it
+        assert self.tier is not None
+        if plan.kind(old, config) != "new_cache":
+            return False
+        built = swap.start(
+            old,
+            config,
+            tier=self.tier,
+            threads=self._big + self._little,
+            tokens=self.ctx + self.prefill_left,
+            answer_left=self.answer_left,
+            available=self.room_bytes - self.resident_bytes(),
+            now=t,
+            context_s=self.spec.context_s,
+        )
+        if isinstance(built, str):
+            self.stats.cold_why.append(built)
+            return False
+        self._swap = built
+        return True
+
+    def _switch(self, now: float) -> None:
+        """The new context is ready: the answer goes on in it with all threads, after evaluating the few tokens that
+        came since its last round; the old context is freed. A newer change then applies on top."""
+        sw, self._swap = self._swap, None
+        assert sw is not None
+        self._set(sw.target)
+        self.stats.reloads += 1
+        self.stats.warm_swaps += 1
+        if self.current is not None:
+            self.prefill_left += self.ctx - sw.done
+            self.answer_left = min(self.answer_left, sw.target.n_ctx - sw.done - self.prefill_left)
+        else:  # the answer ended meanwhile: the next turn evaluates the rest of it (prefix reuse)
+            self._pending_history += self.ctx - sw.done
+        self.ctx = sw.done
+        if sw.then is not None:
+            self.apply(sw.then, now)
+
+    def _drop_swap(self) -> None:
+        """The process stops, pauses or dies: the second context goes with it, the change applies at the next load."""
+        if self._swap is not None:
+            sw, self._swap = self._swap, None
+            self._set(sw.then or sw.target)
 
     def _shift(self, need: float) -> None:
         """Context shift (llama-server's `--context-shift`): drop the older half of the cache after the kept system

