@@ -8,6 +8,8 @@ TYPE_CHECKING), so a lazy import that points the wrong way, or closes a circle, 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -143,3 +145,10 @@ def test_the_checker_catches_each_kind(tmp_path: Path, file: str, source: str) -
     (tmp_path / "governor/daemon").mkdir(exist_ok=True)
     (tmp_path / "governor/daemon/ok.py").write_text("from governor.lab import world\nimport policies\n")
     assert [v.split(": ", 1)[0] for v in violations(tmp_path)] == [f"{file}:{source.count(chr(10))}"]
+
+
+def test_the_reconfiguration_plan_and_the_lab_load_no_native_engine() -> None:
+    """What the engine and the lab must agree on is importable without llama.cpp (the lab imports it, never a copy)."""
+    code = "import sys, governor.engine.plan, governor.lab.experiment; print([m for m in sys.modules if 'llama' in m])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert done.stdout.strip() == "[]"
