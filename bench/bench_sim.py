@@ -18,8 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from governor import logs
+from governor.lab.catalog import load_device
 from governor.lab.deciders import decider_for, load_policy
-from governor.lab.device import load_device
 from governor.lab.experiment import Run, simulate
 from governor.lab.workload import load_workload
 from governor.lab.world import World

@@ -22,8 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from governor import logs
+from governor.lab.catalog import load_device
 from governor.lab.deciders import NONE, decider_for, load_run
-from governor.lab.device import load_device
 from governor.lab.experiment import Summary, simulate
 from governor.lab.files import shipped
 from governor.lab.workload import load_workload

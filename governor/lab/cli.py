@@ -75,8 +75,8 @@ def _quiet(args: argparse.Namespace) -> None:
 
 
 def _simulate(args: argparse.Namespace) -> int:
+    from governor.lab.catalog import load_device
     from governor.lab.deciders import NONE, decider_for, load_run
-    from governor.lab.device import load_device
     from governor.lab.experiment import simulate
     from governor.lab.report import plot, print_comparison, summary_lines
     from governor.lab.workload import load_workload
@@ -116,7 +116,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
 def _calibrate(args: argparse.Namespace) -> int:
     from governor.lab.calibrate import calibrate, device_text, read_trace
-    from governor.lab.device import load_device
+    from governor.lab.catalog import load_device
     from governor.lab.files import resolve
 
     _quiet(args)
@@ -139,8 +139,8 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    from governor.lab.catalog import load_device
     from governor.lab.deciders import CONSTANT, load_policy
-    from governor.lab.device import load_device
     from governor.lab.sweep import best, parse_param, plot, sweep, write_csv
     from governor.lab.workload import load_workload
     from policies import Policy

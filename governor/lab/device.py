@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from governor.lab.files import LabFileError, load_model, resolve
 from policies.decision import KvType
 from policies.memfit import ModelFootprint  # the policy's own memory arithmetic
 
@@ -185,18 +183,3 @@ class DeviceSpec(Spec):
                         best = (margin, i, trip)
         assert best is not None  # the validator guarantees a passive trip
         return best[1], best[2]
-
-
-def load_device(name_or_file: str | Path) -> DeviceSpec:
-    """A shipped name, a device file, or `fleet:SEED:INDEX[:CLASS]` (a random fleet device, governor.lab.fleet)."""
-    name = str(name_or_file)
-    if name.startswith("fleet:"):
-        from governor.lab.fleet import parse_name  # the fleet builds DeviceSpecs: imported here, not at the top
-
-        try:
-            device = parse_name(name)
-        except ValueError as exc:
-            raise LabFileError(name, str(exc)) from None
-        assert device is not None
-        return device
-    return load_model(resolve("devices", name), DeviceSpec)

@@ -8,8 +8,8 @@ import pytest
 
 from governor.cli import main
 from governor.lab.calibrate import THERMAL_KEYS, calibrate, read_trace
+from governor.lab.catalog import load_device
 from governor.lab.deciders import Ungoverned
-from governor.lab.device import load_device
 from governor.lab.experiment import simulate
 from governor.lab.workload import load_workload
 

@@ -6,8 +6,8 @@ from functools import cache
 
 import pytest
 
+from governor.lab.catalog import load_device
 from governor.lab.deciders import NONE, Ungoverned, decider_for, load_policy
-from governor.lab.device import load_device
 from governor.lab.experiment import Summary, simulate
 from governor.lab.workload import load_workload
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from governor.lab.catalog import load_device
 from governor.lab.deciders import decider_for
-from governor.lab.device import DeviceSpec, load_device
+from governor.lab.device import DeviceSpec
 from governor.lab.engine import EngineSim
 from governor.lab.experiment import simulate
 from governor.lab.workload import BackgroundLoad, Driver, PhaseSpec, Request, WorkloadSpec, load_workload

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from governor.lab.device import load_device
+from governor.lab.catalog import load_device
 from governor.lab.engine import EngineSim
 from governor.lab.stats import batch_efficiency
 from governor.lab.workload import Request

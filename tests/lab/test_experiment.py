@@ -10,8 +10,8 @@ import pytest
 import structlog
 
 import policies
+from governor.lab.catalog import load_device
 from governor.lab.deciders import NONE, Ungoverned, decider_for, load_policy
-from governor.lab.device import load_device
 from governor.lab.experiment import Run, simulate
 from governor.lab.workload import EventSpec, PhaseSpec, WorkloadSpec, load_workload
 from policies.decision import Decision, Hold

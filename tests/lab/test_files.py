@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from governor.lab.device import load_device
+from governor.lab.catalog import load_device
 from governor.lab.files import LabFileError, shipped
 from governor.lab.workload import load_workload
 

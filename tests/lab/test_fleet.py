@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from governor.lab.device import DeviceSpec, load_device
+from governor.lab.catalog import load_device
+from governor.lab.device import DeviceSpec
 from governor.lab.experiment import Summary
 from governor.lab.files import LabFileError
 from governor.lab.fleet import CATALOGUE, CLASSES, IDLE_HEADROOM_C, fleet, random_device

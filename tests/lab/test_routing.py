@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from governor.lab.catalog import load_device
 from governor.lab.deciders import decider_for, load_policy
-from governor.lab.device import load_device
 from governor.lab.experiment import Summary, simulate
 from governor.lab.workload import load_workload
 from policies.schema import Slo

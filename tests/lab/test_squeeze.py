@@ -10,8 +10,9 @@ from functools import cache
 
 import pytest
 
+from governor.lab.catalog import load_device
 from governor.lab.deciders import NONE, decider_for, load_policy
-from governor.lab.device import MB, EngineSpec, load_device
+from governor.lab.device import MB, EngineSpec
 from governor.lab.engine import EngineSim
 from governor.lab.experiment import Summary, simulate
 from governor.lab.workload import EventSpec, PhaseSpec, Request, WorkloadSpec, load_workload

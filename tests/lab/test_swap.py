@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from governor.engine.plan import second_context_bytes
-from governor.lab.device import MB, load_device
+from governor.lab.catalog import load_device
+from governor.lab.device import MB
 from governor.lab.engine import EngineSim
 from governor.lab.workload import Request
 from policies.decision import EngineConfig

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from governor.clock import VirtualClock
-from governor.lab.device import MB, load_device
+from governor.lab.catalog import load_device
+from governor.lab.device import MB
 from governor.lab.engine import EngineSim
 from governor.lab.workload import EventSpec, PhaseSpec, Request, WorkloadSpec
 from governor.lab.world import SimulatedDevice, SimulatedEngine, World

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from governor.lab.catalog import load_device
 from governor.lab.deciders import decider_for, load_run
-from governor.lab.device import load_device
 from governor.lab.experiment import simulate
 from governor.lab.workload import load_workload
 from governor.views.plot import trace_line
