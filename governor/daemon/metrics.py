@@ -54,6 +54,15 @@ class DaemonMetrics:
         self.rss = Gauge("governor_engine_rss_bytes", "Engine process resident memory", registry=r)
         self.busy = Gauge("governor_engine_busy", "1 while the engine is generating", registry=r)
         self.temp = Gauge("governor_temperature_celsius", "Temperature readings", ["source", "label"], registry=r)
+        self.trip = Gauge(
+            "governor_temperature_trip_celsius", "Each sensor's declared trips", ["source", "label", "type"], registry=r
+        )
+        self.freq = Gauge("governor_cpu_freq_ratio", "CPU clock now, as a share of its maximum", registry=r)
+        self.freq_cap = Gauge(
+            "governor_cpu_freq_cap_ratio",
+            "The clock cap decided, as a share of each cluster's maximum (1: none)",
+            registry=r,
+        )
         self.battery = Gauge("governor_battery_percent", "Battery charge (NaN: no battery)", registry=r)
         self.plugged = Gauge("governor_battery_plugged", "1 on external power", registry=r)
         self.mem_avail = Gauge("governor_memory_available_bytes", "MemAvailable", registry=r)
@@ -144,9 +153,14 @@ class DaemonMetrics:
         self.rss.set(_nan(observed.rss_bytes if observed else None))
         self.busy.set(_nan(float(observed.busy) if observed else None))
         self.temp.clear()
+        self.trip.clear()
         for temp in snapshot.temperatures:
             if temp.temp_c is not None:
                 self.temp.labels(temp.source, temp.label).set(temp.temp_c)
+            for trip in temp.trips:
+                self.trip.labels(temp.source, temp.label, trip.type).set(trip.temp_c)
+        self.freq.set(_nan(snapshot.cpu.freq_ratio))
+        self.freq_cap.set(1.0 if decision.freq_ratio is None else decision.freq_ratio)
         battery = snapshot.battery
         self.battery.set(_nan(battery.percent if battery else None))
         plugged = battery.plugged if battery else None
