@@ -5,6 +5,8 @@ tree: one zone at 45 °C with an 80 °C trip, battery 90 % on mains, as many CPU
   idle        calm, the engine loaded, no requests; `llama_cpp.server` on the same GGUF, idle, measured side by side
   generating  answers streamed back to back through the engine's socket; the daemon's CPU as a share of the engine's
   mitigating  the zone at 90 °C: hot, the loop at its fast interval, the engine idle
+  viewed      idle without, then with `governor top` (in a terminal) and `governor dashboard` (a page open in
+              headless chromium) attached, side by side: what watching costs the daemon (issue 31)
 The daemon runs as under systemd/governor.service: its sd_notify messages (STATUS, WATCHDOG) go to a socket the
 script reads, and their rate is printed (each one wakes PID 1). CPU is the sum of /proc/PID/task/*/schedstat run
 time (ns, every live thread; a thread that ended during the window is missing, /proc/PID/stat's utime+stime, 10 ms
@@ -12,8 +14,9 @@ ticks, is printed beside it as a check). Wake-ups are the
 schedstat run counts (times a thread was put on a CPU). These survive a shared machine's load: they count what the
 process did, not how long the wall clock took. The per-thread table shows what still wakes.
 Goals (issue 16): idle daemon + engine <= 0.05 s/min; generating daemon <= 1 % of the engine; mitigating daemon
-<= 0.3 s/min. Usage: .venv/bin/python bench/bench_footprint.py [--window-s 60] [--phases mitigating ...]
-(`--phases`: only those, e.g. `--phases mitigating` while working on the tick; the default runs all three).
+<= 0.3 s/min; (issue 31) idle daemon + engine with top and the dashboard attached still <= 0.05 s/min.
+Usage: .venv/bin/python bench/bench_footprint.py [--window-s 60] [--phases mitigating ...]
+(`--phases`: only those, e.g. `--phases mitigating` while working on the tick; the default runs all four).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import contextlib
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -38,6 +42,7 @@ from governor.demo.models import RANDOM_DIR, write_demo_models
 from governor.engine.client import EngineClient
 from policies.ladder import load_ladder
 from tests.governor.daemon.daemon_proc import DaemonProc, device_tree
+from tests.governor.views.test_dashboard import CHROMIUM_ARGS
 from tests.helpers import eventually
 from tests.sensors.tree import FakeTree
 
@@ -47,7 +52,7 @@ IDLE_GOAL_S_PER_MIN = 0.05
 GENERATING_GOAL = 0.01
 MITIGATING_GOAL_S_PER_MIN = 0.3
 ZONE = "sys/class/thermal/thermal_zone0/temp"
-PHASES = ["idle", "generating", "mitigating"]
+PHASES = ["idle", "generating", "mitigating", "viewed"]
 UNIT_WATCHDOG_S = 30  # systemd/governor.service's WatchdogSec
 
 
@@ -256,6 +261,69 @@ def mitigating_phase(daemon: DaemonProc, engine_pid: int, seconds: float, settle
     print(f"  daemon: {d:.3f} s/min   ratio to the {goal} s/min goal: {d / goal:.2f}   per tick: {per_tick_ms:.2f} ms")
 
 
+@contextlib.contextmanager
+def viewers(daemon: DaemonProc) -> Iterator[dict[str, int]]:
+    """`governor top` in an 80x24 terminal (a pty, drained as a terminal would be) and `governor dashboard` with one
+    page open in headless chromium: the pids of top and the dashboard (the browser is the user's, not counted)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    from playwright.sync_api import sync_playwright
+
+    base = [sys.executable, "-m", "governor"]
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")} | {"TERM": "xterm-256color"}
+    top = subprocess.Popen([*base, "top", "--control-socket", str(daemon.control)], stdin=slave, stdout=slave,
+                           stderr=slave, env=env, start_new_session=True)  # fmt: skip
+    threading.Thread(target=lambda: _drain(master), daemon=True).start()
+    dash = subprocess.Popen([*base, "dashboard", "--control-socket", str(daemon.control), "--listen", "127.0.0.1:0",
+                             "--no-control"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert dash.stdout is not None
+    url = dash.stdout.readline().split()[2]
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+            page = browser.new_page()
+            page.goto(url)
+            page.wait_for_function("() => window.governorDashboard && window.governorDashboard.samples.length > 0")
+            yield {"governor top": top.pid, "governor dashboard": dash.pid}
+            browser.close()
+    finally:
+        os.write(master, b"q")
+        dash.terminate()
+        for proc in (top, dash):
+            proc.wait(15)
+        os.close(slave)
+        os.close(master)
+
+
+def _drain(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        while os.read(fd, 65536):
+            pass
+
+
+def viewed_phase(daemon: DaemonProc, engine_pid: int, args: argparse.Namespace) -> None:
+    daemon.tree.write(ZONE, 45000)
+    eventually(lambda: daemon.status()["state"] == "idle", timeout_s=120)
+    time.sleep(args.settle_s)
+    pids = {"daemon": daemon.proc.pid, "engine": engine_pid}
+    alone = measure(pids, args.window_s)
+    show("viewed, before: idle, nobody watching", alone, args.window_s)
+    with viewers(daemon) as watching:
+        time.sleep(args.settle_s)
+        viewed = measure(pids | watching, args.window_s)
+    show("viewed: idle, governor top and governor dashboard (one page) attached", viewed, args.window_s)
+    before = alone["daemon"].cpu_s_per_min + alone["engine"].cpu_s_per_min
+    after = viewed["daemon"].cpu_s_per_min + viewed["engine"].cpu_s_per_min
+    goal = IDLE_GOAL_S_PER_MIN
+    print(f"  daemon + engine: {before:.3f} s/min alone, {after:.3f} watched; {after / goal:.2f} of the {goal} goal")
+    print(f"  the daemon's own: {alone['daemon'].cpu_s_per_min:.3f} -> {viewed['daemon'].cpu_s_per_min:.3f} s/min")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window-s", type=float, default=60.0, help="the idle window; the others are half as long")
@@ -273,6 +341,8 @@ def main() -> int:
                 generating_phase(daemon, engine_pid, args.window_s / 2)
             if "mitigating" in args.phases:
                 mitigating_phase(daemon, engine_pid, args.window_s / 2, args.settle_s)
+            if "viewed" in args.phases:
+                viewed_phase(daemon, engine_pid, args)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
