@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import selectors
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,25 +11,14 @@ from governor.daemon.client import ControlClient, Stream
 from governor.daemon.control import WATCH_DECISIONS, ControlError, ControlServer
 from policies.decision import State
 from sensors.snapshot import EngineObservation, Snapshot, Temperature, Trip
+from tests.governor.daemon import test_control
 from tests.governor.daemon.test_control import FakeApi, decision
 from tests.helpers import eventually
 
+api, server = test_control.api, test_control.server  # the control tests' fixtures: a FakeApi behind a real server
 ZONE = Temperature(
     source="thermal_zone0", kind="thermal_zone", label="cpu", temp_c=50.0, trips=(Trip(type="passive", temp_c=80.0),)
 )
-
-
-@pytest.fixture
-def api() -> FakeApi:
-    return FakeApi()
-
-
-@pytest.fixture
-def server(sock_dir: Path, api: FakeApi) -> Iterator[ControlServer]:
-    srv = ControlServer(sock_dir / "control.sock", api)
-    srv.start()
-    yield srv
-    srv.close()
 
 
 def tick(api: FakeApi, t: float, state: State = State.IDLE, threads: int = 4, temp_c: float = 50.0) -> None:
