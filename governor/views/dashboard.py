@@ -129,10 +129,9 @@ class Relay:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                with self.client.watch() as watch:
+                with self.client.watch() as watch, selectors.DefaultSelector() as sel:
                     self._watch = watch
                     self._take(watch.first, first=True)
-                    sel = selectors.DefaultSelector()
                     sel.register(watch, selectors.EVENT_READ)
                     while not self._stop.is_set():
                         sel.select()
@@ -226,11 +225,10 @@ class Holds:
             return sorted(self._held)
 
     def take(self, ask: _HoldRequest) -> dict[str, Any]:
-        with self._lock:
+        with self._lock:  # held across the (local, quick) exchange: two pages cannot both take the last place
             if len(self._held) >= MAX_HOLDS:
                 raise DashboardError(f"this dashboard holds {MAX_HOLDS} already; release one first")
-        answer, sock = self.client.take_hold(**ask.model_dump(exclude_none=True))
-        with self._lock:
+            answer, sock = self.client.take_hold(**ask.model_dump(exclude_none=True))
             self._held[int(answer["hold"])] = sock
         return answer
 

@@ -275,11 +275,10 @@ class TopView:
 
 def _stream(client: ControlClient, feed: Feed, frames: int) -> None:
     """Read `frames` lines after the first answer into the feed (for a one-off frame: `--frames`)."""
-    with client.watch() as watch:
+    with client.watch() as watch, selectors.DefaultSelector() as sel:
         feed.start(watch.first)
+        sel.register(watch, selectors.EVENT_READ)
         while feed.samples <= frames:
-            sel = selectors.DefaultSelector()
-            sel.register(watch, selectors.EVENT_READ)
             sel.select()
             for line in watch.lines():
                 feed.add(line)
@@ -328,12 +327,13 @@ def run_live(client: ControlClient, console: Console) -> int:
                     except ControlError as exc:
                         note = f"no governor: {exc}"[: console.width // 2]
                 live.update(view.frame(console.width, console.height, time.time(), note), refresh=True)
-                sel = selectors.DefaultSelector()
-                if watch is not None:
-                    sel.register(watch, selectors.EVENT_READ, "watch")
-                if keys:
-                    sel.register(sys.stdin, selectors.EVENT_READ, "keys")
-                for key, _ in sel.select(timeout=1.0 if watch is not None else RECONNECT_S):
+                with selectors.DefaultSelector() as sel:
+                    if watch is not None:
+                        sel.register(watch, selectors.EVENT_READ, "watch")
+                    if keys:
+                        sel.register(sys.stdin, selectors.EVENT_READ, "keys")
+                    ready = sel.select(timeout=1.0 if watch is not None else RECONNECT_S)
+                for key, _ in ready:
                     if key.data == "keys":
                         if os.read(sys.stdin.fileno(), 16).lower()[:1] in (b"q", b"\x1b"):
                             return 0
@@ -344,7 +344,6 @@ def run_live(client: ControlClient, console: Console) -> int:
                         except ControlError as exc:
                             watch.close()
                             watch, note = None, str(exc)[: console.width // 2]
-                sel.close()
         except KeyboardInterrupt:
             return 0
         finally:
