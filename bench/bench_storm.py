@@ -28,8 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from governor.engine.demo import RANDOM_DIR, write_demo_models
-
+from governor.demo.models import RANDOM_DIR, write_demo_models
 from tests.faults.hostile import HostileUpstream
 from tests.faults.test_sizes import HEADER_FLOOD, HEADER_MB
 from tests.faults.test_upstreams import POLICY, ask
