@@ -6,13 +6,33 @@ STAMP   := $(VENV)/.installed
 DEMO    := demo-models
 SYSPKGS := umockdev gir1.2-umockdev-1.0 python3-gi systemd stress-ng chromium
 
-.PHONY: setup system-deps run test lint pytest bench clean
+.PHONY: setup system-deps run test lint pytest bench clean llama-cflags
+
+# llama-cpp-python: PyPI ships only its source, so llama.cpp is compiled here (8-14 min on 2 cores), once per version,
+# build flags, Python and machine, into a wheel cache of ours; pip's own cache is keyed by the sdist alone and would
+# hand back a wheel built with other flags. On x86 the compiler may not target AMX: llama.cpp then has no AMX kernels
+# (its AMX weight buffer crashes on Sapphire Rapids and later, llama.cpp #20824) and keeps the x86 weight repack, so
+# extra_buffers = "auto" stays on there (docs/engine.md#amx-cpus-and-extra_buffers). Must match pyproject.toml's pin.
+LLAMA        := llama-cpp-python==0.3.36
+NO_AMX       := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+# (a compiler too old to know these flags cannot build AMX kernels either)
+LLAMA_CFLAGS := $(if $(filter x86_64,$(shell uname -m)),$(shell cc $(NO_AMX) -E -x c /dev/null >/dev/null 2>&1 && echo '$(NO_AMX)'))
+WHEELS       := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/governor/wheels
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# llama-cpp-python compiles llama.cpp from source here the first time (8-14 min on 2 cores).
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/python -m pip install --quiet -e '.[dev]'
+	key=$$(printf '%s|%s|%s|%s' '$(LLAMA)' '$(LLAMA_CFLAGS)' "$$CMAKE_ARGS" \
+	      "$$($(BIN)/python -c 'import platform, sys; print(sys.implementation.cache_tag, platform.machine())')" \
+	      | sha256sum | cut -c1-16) && dir=$(WHEELS)/$$key && \
+	if ! ls $$dir/*.whl >/dev/null 2>&1; then \
+	  rm -rf $$dir.part && \
+	  CFLAGS='$(LLAMA_CFLAGS)' CXXFLAGS='$(LLAMA_CFLAGS)' CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+	    $(BIN)/python -m pip wheel --quiet --no-deps --no-cache-dir -w $$dir.part '$(LLAMA)' && \
+	  rm -rf $$dir && mv $$dir.part $$dir; \
+	fi && \
+	$(BIN)/python -m pip install --quiet --no-deps --force-reinstall $$dir/*.whl
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -44,6 +64,10 @@ test: lint pytest
 
 bench: setup
 	$(BIN)/python bench/run_all.py
+
+# The flags llama.cpp is compiled with (tests/test_build.py checks that they keep AMX out).
+llama-cflags:
+	@echo '$(LLAMA_CFLAGS)'
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(DEMO)

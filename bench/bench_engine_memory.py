@@ -24,9 +24,10 @@ from governor.demo import models as demo
 from policies.ladder import load_ladder
 
 INPROC_RSS = """
-import json, sys, psutil, llama_cpp
+import json, sys, psutil
+from governor.engine.model import open_llama
 def run(path):
-    llm = llama_cpp.Llama(model_path=path, n_ctx=2048, n_threads=2, flash_attn=True, verbose=False)
+    llm = open_llama(path, n_ctx=2048, n_threads=2, flash_attn=True, verbose=False)
     llm.create_completion("the people of the world", max_tokens=16, temperature=0.0)
     return llm
 paths = sys.argv[1:]

@@ -181,8 +181,11 @@ def llama_cpp_server_env(model: Path, n_ctx: int, threads: int) -> dict[str, str
 
 
 def load(path: Path, n_ctx: int, threads: int, kv_type: str = "f16") -> llama_cpp.Llama:
-    return llama_cpp.Llama(
-        model_path=str(path),
+    """llama.cpp in-process, with the engine's own extra-buffers decision for this CPU (open_llama)."""
+    from governor.engine.model import open_llama
+
+    return open_llama(
+        path,
         n_ctx=n_ctx,
         n_threads=threads,
         n_threads_batch=threads,

@@ -3,7 +3,11 @@
 The pytest process never imports llama_cpp (tests/conftest.py checks it): a test hands a module-level function to
 `in_child`, which runs it in a fresh interpreter (multiprocessing "spawn": no state is inherited) and returns its
 result. A child killed by a signal fails the test naming the signal; an exception in the child fails it with the
-child's traceback.
+child's traceback. `run_child` returns how the child ended instead, for a test whose point is that a crash stays there.
+
+In the child, every llama.cpp model is loaded through the engine's own `governor.engine.model.open_llama` (or
+`LoadedModel`), which takes the engine's extra-buffers decision for this CPU and library: a test's load takes the same
+native path as the product's (tests/test_native.py checks that no test builds a `Llama` any other way).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import multiprocessing
 import signal
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, ParamSpec, TypeVar
 
@@ -32,8 +37,20 @@ def _child(conn: Connection, fn: Callable[..., Any], args: tuple[Any, ...], kwar
         conn.close()
 
 
-def in_child(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """`fn(*args, **kwargs)` in a child process; `fn` must be importable (module level) and its result picklable."""
+@dataclass(frozen=True)
+class Outcome:
+    """How a child run ended: `killed` by a signal (None if it answered), else `returned` or `raised` with a value."""
+
+    name: str
+    killed: signal.Signals | None
+    exitcode: int | None
+    kind: str = ""
+    value: Any = None
+    trace: str = ""
+
+
+def run_child(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Outcome:
+    """`fn(*args, **kwargs)` in a child process (`spawn`: nothing inherited); how it ended, a crash included."""
     ctx = multiprocessing.get_context("spawn")
     ours, theirs = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(theirs, fn, args, kwargs), name=f"native:{fn.__name__}")
@@ -51,12 +68,22 @@ def in_child(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
             proc.kill()
             proc.join()
     code = proc.exitcode
+    killed = signal.Signals(-code) if message is None and code is not None and code < 0 else None
     if message is None:
-        if code is not None and code < 0:
-            pytest.fail(f"{fn.__name__} crashed the child process: killed by {signal.Signals(-code).name}")
-        pytest.fail(f"{fn.__name__}: the child process exited with {code} without an answer")
+        return Outcome(fn.__name__, killed, code)
     kind, value, trace = message
-    if kind == "raised":
-        pytest.fail(f"{fn.__name__} raised in the child process: {value}\n{trace}", pytrace=False)
-    result: T = value
+    return Outcome(fn.__name__, None, code, kind, value, trace)
+
+
+def in_child(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """`fn(*args, **kwargs)` in a child process; `fn` must be importable (module level) and its result picklable.
+    A crash or an exception in the child fails the test, naming the signal or showing the child's traceback."""
+    out = run_child(fn, *args, **kwargs)
+    if out.killed is not None:
+        pytest.fail(f"{out.name} crashed the child process: killed by {out.killed.name}")
+    if not out.kind:
+        pytest.fail(f"{out.name}: the child process exited with {out.exitcode} without an answer")
+    if out.kind == "raised":
+        pytest.fail(f"{out.name} raised in the child process: {out.value}\n{out.trace}", pytrace=False)
+    result: T = out.value
     return result

@@ -11,6 +11,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import llama_cpp
@@ -19,9 +20,12 @@ from llama_cpp.llama_chat_format import CHATML_CHAT_TEMPLATE, Jinja2ChatFormatte
 from llama_cpp.llama_grammar import LlamaGrammar
 
 from governor.engine.config import GGML_TYPE, ModelSpec, head_dim, learn_head_dim
+from governor.engine.extra_buffers import ExtraBuffers, choose, library_has_amx
 from governor.engine.plan import cache_fits
 from governor.engine.window import Cut
 from policies.decision import EngineConfig
+from policies.ladder import ExtraBuffersMode
+from sensors.root import Root
 
 
 class ModelLoadError(Exception):
@@ -85,6 +89,21 @@ class _Llama(llama_cpp.Llama):
         return sampler
 
 
+def extra_buffers_for(mode: ExtraBuffersMode = "auto", root: Root | None = None) -> ExtraBuffers:
+    """The engine's extra-buffers decision: `mode` against this machine's CPU (`root`'s /proc/cpuinfo) and the
+    llama.cpp library loaded in this process (whether it has AMX kernels, from its own system info)."""
+    info = llama_cpp.llama_print_system_info().decode(errors="replace")
+    return choose(mode, root or Root("/"), library_amx=library_has_amx(info))
+
+
+def open_llama(model_path: str | Path, *, extra_buffers: bool | None = None, **kwargs: Any) -> _Llama:
+    """Every `Llama` the engine, its tests and its benchmarks build comes from here: `extra_buffers` None takes the
+    engine's own "auto" decision (`extra_buffers_for`), so a test's load takes the same CPU path as the engine's."""
+    if extra_buffers is None:
+        extra_buffers = extra_buffers_for().enabled
+    return _Llama(model_path=str(model_path), extra_buffers=extra_buffers, **kwargs)
+
+
 @dataclass(frozen=True)
 class SavedSequence:
     tokens: list[int]
@@ -101,16 +120,17 @@ class LoadedModel:
         settings: EngineConfig,
         *,
         on_progress: Callable[[float], None] | None = None,
-        extra_buffers: bool = True,
+        extra_buffers: bool | None = None,
     ) -> None:
+        """`extra_buffers` None: the engine's "auto" decision for this machine (`open_llama`)."""
         self.spec = spec
         self.n_ctx = settings.n_ctx
         self.kv_type = settings.kv_type
         self.weight_buffers_mib: dict[str, float] = {}  # where llama.cpp put the weights: AMX, CPU_REPACK, CPU...
         try:
             with _weight_buffers(self.weight_buffers_mib):
-                self.llm = _Llama(
-                    model_path=str(spec.path),
+                self.llm = open_llama(
+                    spec.path,
                     n_ctx=settings.n_ctx,
                     n_batch=settings.n_batch,  # the compute buffer and the logits buffer grow with these
                     n_ubatch=settings.n_batch,

@@ -36,7 +36,6 @@ from governor.engine.config import (
     models_from_ladder,
     single_model,
 )
-from governor.engine.extra_buffers import ExtraBuffers, choose
 from governor.engine.window import ContextShift
 from policies.decision import KNOBS, THREADS_MAX, EngineConfig, flag_of
 from policies.ladder import ExtraBuffersMode
@@ -182,16 +181,16 @@ def initial(args: argparse.Namespace) -> tuple[dict[str, ModelSpec], EngineConfi
     return models, settings
 
 
-def extra_buffers(args: argparse.Namespace) -> ExtraBuffers:
-    """The flag, else the ladder's `extra_buffers`, else auto; decided against this machine's CPU."""
-    mode: ExtraBuffersMode = "auto"
+def extra_buffers_mode(args: argparse.Namespace) -> ExtraBuffersMode:
+    """The flag, else the ladder's `extra_buffers`, else auto (decided against the CPU once llama.cpp is loaded)."""
     if args.extra_buffers is not None:
-        mode = args.extra_buffers
-    elif args.models is not None:
+        mode: ExtraBuffersMode = args.extra_buffers
+        return mode
+    if args.models is not None:
         from policies.ladder import load_ladder
 
-        mode = load_ladder(args.models).extra_buffers
-    return choose(mode, Root(args.root))
+        return load_ladder(args.models).extra_buffers
+    return "auto"
 
 
 def bind_unix(path: Path, mode: int, group: str | None = None) -> socket.socket:
@@ -256,11 +255,13 @@ class _Server(uvicorn.Server):
 def run(args: argparse.Namespace) -> int:
     # Arguments first: a bad one is an error before llama.cpp is even imported.
     models, settings = initial(args)
-    buffers = extra_buffers(args)
+    mode = extra_buffers_mode(args)
     from governor.engine import loopwatch
     from governor.engine.app import EngineApp
-    from governor.engine.model import ModelLoadError
+    from governor.engine.model import ModelLoadError, extra_buffers_for
     from governor.engine.worker import Worker
+
+    buffers = extra_buffers_for(mode, Root(args.root))
 
     logs.keep_own_stderr()
     # Everything imported so far lives as long as the process: keep the cyclic garbage collector from walking it

@@ -19,16 +19,15 @@ import structlog
 
 from governor.engine.config import ConfigRefused, ModelSpec
 from governor.engine.events import Ended, Failed, Last, Started, Text, stopping
-from governor.engine.extra_buffers import ExtraBuffers, choose
+from governor.engine.extra_buffers import ExtraBuffers
 from governor.engine.jobs import ConfigJob, Counters, Job, Run, usage
-from governor.engine.model import LoadedModel, ModelLoadError
+from governor.engine.model import LoadedModel, ModelLoadError, extra_buffers_for
 from governor.engine.pause import Pausing
 from governor.engine.prompts import prepare
 from governor.engine.slot import Slot
 from governor.engine.swap import WarmSwap
 from governor.engine.window import ContextShift
 from policies.decision import EngineConfig
-from sensors.root import Root
 
 log = structlog.get_logger("governor.engine")
 
@@ -46,7 +45,7 @@ class Worker(Pausing):
         self.models = models
         self.context_shift = context_shift
         self.settings = settings
-        self.extra_buffers = extra_buffers or choose("auto", Root("/"))
+        self.extra_buffers = extra_buffers or extra_buffers_for()
         self.slot = Slot(keep_alive_s, extra_buffers=self.extra_buffers.enabled)
         # Loaded here, so that a model that cannot be loaded is an error at start; warmed up on the worker thread
         # (see `_loop`) before the engine serves: a crash there still happens before it answers (a load crash).

@@ -59,11 +59,11 @@ def demo_models(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def generates_with_a_q8_0_kv_cache(path: Path) -> None:
-    """In the child."""
-    import llama_cpp
+    """In the child: loaded as the engine loads (its extra-buffers decision for this CPU: AMX, repack)."""
+    from governor.engine.model import open_llama
 
-    llm = llama_cpp.Llama(
-        model_path=str(path),
+    llm = open_llama(
+        path,
         n_ctx=256,
         n_threads=1,
         flash_attn=True,
@@ -89,10 +89,11 @@ def test_model_generates_with_a_q8_0_kv_cache_and_flash_attention(demo_ladder: P
 
 def renders_chatml_with_special_tokens(path: Path) -> None:
     """In the child."""
-    import llama_cpp
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=128, n_threads=1, verbose=False)
+    from governor.engine.model import open_llama
+
+    llm = open_llama(path, n_ctx=128, n_threads=1, verbose=False)
     try:
         fmt = Jinja2ChatFormatter(llm.metadata["tokenizer.chat_template"], eos_token="<|im_end|>", bos_token="<s>")
         prompt = fmt(messages=[{"role": "user", "content": "hello"}]).prompt

@@ -54,11 +54,11 @@ def tiny_llama(path: Path, *, n_embd: int, n_head: int) -> Path:
 
 
 def builds(path: Path, kv: str, *, flash_attn: bool) -> bool:
-    import llama_cpp
+    from governor.engine.model import open_llama
 
     try:
-        llm = llama_cpp.Llama(
-            str(path), n_ctx=128, verbose=False, type_k=GGML_TYPE[kv], type_v=GGML_TYPE[kv], flash_attn=flash_attn
+        llm = open_llama(
+            path, n_ctx=128, verbose=False, type_k=GGML_TYPE[kv], type_v=GGML_TYPE[kv], flash_attn=flash_attn
         )
     except ValueError:
         return False
