@@ -2,10 +2,10 @@
 
     .venv/bin/python bench/bench_proxy_libs.py [--chunks 2000] [--interval-ms 1] [--rounds 5]
 
-Needs aiohttp (in the dev extra, which `make setup` installs; not a dependency of the governor). Three proxies run
-in this process, each on its own thread and event loop (uvloop when installed, as the daemon's), in front of the same scripted engine as
-bench_proxy_chunks.py (one chunked SSE answer of `--chunks` events, one every `--interval-ms`), and a client child
-reads each answer through one of them, the variants taking turns round by round:
+Needs aiohttp (in the dev extra, which `make setup` installs; not a dependency of the governor). Three proxies run in
+this process, each on its own thread and event loop (uvloop when installed, as the daemon's), in front of the same
+scripted engine as bench_proxy_chunks.py (one chunked SSE answer of `--chunks` events, one every `--interval-ms`), and
+a client child reads each answer through one of them, the variants taking turns round by round:
 - ours: the daemon's `ProxyServer` (uvicorn's httptools protocol + proxylink.EngineLink, h11 + httptools);
 - uvicorn + aiohttp client: uvicorn's protocol classes serving a raw ASGI app that streams with aiohttp's client
   (`UnixConnector`, `content.iter_any()`);
