@@ -42,6 +42,7 @@ RESERVED_CONNECTIONS = 16
 DAY_S = 86400.0
 WATCH_EVERY_S = 1.0  # a watcher gets at most one status a second (hot ticks come four a second)
 WATCH_DECISIONS = 20  # the decisions a watcher gets with its first answer
+WATCH_SETTLE_S = 0.05  # a watcher's line waits this long after a tick, for the loop to be done with it
 WATCH_IDLE_S = 30.0  # with no tick that long, a watcher's thread looks at the shutdown flag
 
 
@@ -278,7 +279,10 @@ class _Handler(socketserver.StreamRequestHandler):
                         break
                 except queue.Empty:
                     continue
-                if closing.wait(sent + WATCH_EVERY_S - time.monotonic()) or not _drain(ticks):
+                # Wait out the rate limit, and at least until the loop has finished its tick: building the status
+                # while the loop still runs its listeners would trade the GIL back and forth, waking both threads.
+                pause = max(sent + WATCH_EVERY_S - time.monotonic(), WATCH_SETTLE_S)
+                if closing.wait(pause) or not _drain(ticks):
                     break
                 new = _decisions_after(api, seen)
                 seen = new[-1]["t"] if new else seen
