@@ -23,10 +23,14 @@ class ControlClient:
         """A frozen daemon, one that closes mid-answer or answers garbage is a one-line ControlError, never a
         traceback (issue 33: `governor reload` against a stopped daemon)."""
         sock = self._dial()
+        with self._one_line_errors(), sock, sock.makefile("rb") as lines:
+            sock.sendall(json.dumps(request).encode() + b"\n")
+            yield sock, lines
+
+    @contextmanager
+    def _one_line_errors(self) -> Iterator[None]:
         try:
-            with sock, sock.makefile("rb") as lines:
-                sock.sendall(json.dumps(request).encode() + b"\n")
-                yield sock, lines
+            yield
         except TimeoutError:
             raise ControlError(f"the governor at {self.path} did not answer within {self.timeout_s:g} s") from None
         except OSError as exc:
@@ -88,27 +92,27 @@ class ControlClient:
     def take_hold(self, **fields: Any) -> tuple[dict[str, Any], socket.socket]:
         """A hold kept by another process on its users' behalf (the dashboard): it lasts until the returned socket is
         closed, its TTL ends or the daemon stops."""
-        sock = self._dial()
-        try:
-            sock.sendall(json.dumps({"cmd": "hold", **fields}).encode() + b"\n")
-            answer = self._answer(Stream(sock))  # reads exactly the answer's line; the daemon's later events stay
-        except BaseException:
-            sock.close()
-            raise
-        return answer, sock
+        stream = self._open({"cmd": "hold", **fields})
+        return stream.first, stream.sock
 
     def watch(self) -> Stream:
         """The `watch` stream: its first answer now, then a line after each tick (Stream.lines, Stream.fileno)."""
-        sock = self._dial()
-        try:
-            sock.sendall(b'{"cmd": "watch"}\n')
-            watch = Stream(sock)
-            watch.first = self._answer(watch)
-        except BaseException:
-            sock.close()
-            raise
-        sock.settimeout(None)
+        watch = self._open({"cmd": "watch"})
+        watch.sock.settimeout(None)
         return watch
+
+    def _open(self, request: dict[str, Any]) -> Stream:
+        """A connection that stays open after its answer (`first`; what came after it stays in the stream), with
+        the same one-line errors as a request's."""
+        stream = Stream(self._dial())
+        try:
+            with self._one_line_errors():
+                stream.sock.sendall(json.dumps(request).encode() + b"\n")
+                stream.first = self._answer(stream)
+        except BaseException:
+            stream.close()
+            raise
+        return stream
 
     def record(self, seconds: float | None = None) -> Iterator[str]:
         """Trace lines (TraceRecord JSON), one per tick, until the daemon stops, `seconds` pass, or the caller stops."""
@@ -139,17 +143,17 @@ class Stream:
     MAX_PENDING = 1 << 20  # a line longer than this is not the daemon's: give up rather than buffer it all
 
     def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
+        self.sock = sock
         self._buf = b""
         self.first: dict[str, Any] = {}
 
     def fileno(self) -> int:
-        return self._sock.fileno()
+        return self.sock.fileno()
 
     def readline(self) -> bytes:
         """One whole line, blocking (the first answer); b"" at EOF."""
         while b"\n" not in self._buf:
-            chunk = self._sock.recv(65536)
+            chunk = self.sock.recv(65536)
             if not chunk:
                 return b""
             self._buf += chunk
@@ -157,20 +161,26 @@ class Stream:
         return line + b"\n"
 
     def lines(self) -> list[dict[str, Any]]:
-        """The lines that arrived (call when `fileno()` is readable); ControlError when the daemon closed it."""
+        """Every whole line that has arrived, without waiting: call it when `fileno()` is readable, and once right
+        after the first answer (a line that came with it is already here). ControlError once the daemon closed it."""
         try:
-            chunk = self._sock.recv(65536)
+            chunk = self.sock.recv(65536, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            chunk = None
         except (ConnectionResetError, TimeoutError) as exc:
             raise ControlError(f"the governor's watch stream broke: {exc}") from None
-        if not chunk:
+        if chunk == b"" and b"\n" not in self._buf:
             raise ControlError("the governor closed the watch stream (stopped or restarted?)")
-        *whole, self._buf = (self._buf + chunk).split(b"\n")
+        *whole, self._buf = (self._buf + (chunk or b"")).split(b"\n")
         if len(self._buf) > self.MAX_PENDING:
             raise ControlError(f"the governor sent a line longer than {self.MAX_PENDING} bytes")
-        return [json.loads(line) for line in whole if line.strip()]
+        try:
+            return [json.loads(line) for line in whole if line.strip()]
+        except ValueError as exc:  # json's errors, a line that is not UTF-8
+            raise ControlError(f"the governor's watch stream sent something that is not JSON: {exc}") from None
 
     def close(self) -> None:
-        self._sock.close()
+        self.sock.close()
 
     def __enter__(self) -> Stream:
         return self

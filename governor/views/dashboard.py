@@ -134,9 +134,9 @@ class Relay:
                     self._take(watch.first, first=True)
                     sel.register(watch, selectors.EVENT_READ)
                     while not self._stop.is_set():
-                        sel.select()
                         for line in watch.lines():
                             self._take(line, first=False)
+                        sel.select()
             except (ControlError, OSError, ValueError) as exc:
                 if self._stop.is_set():
                     return

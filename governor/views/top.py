@@ -278,10 +278,12 @@ def _stream(client: ControlClient, feed: Feed, frames: int) -> None:
     with client.watch() as watch, selectors.DefaultSelector() as sel:
         feed.start(watch.first)
         sel.register(watch, selectors.EVENT_READ)
-        while feed.samples <= frames:
-            sel.select()
+        while True:
             for line in watch.lines():
                 feed.add(line)
+            if feed.samples > frames:
+                return
+            sel.select()
 
 
 def print_frames(client: ControlClient, frames: int, console: Console) -> None:
@@ -323,6 +325,8 @@ def run_live(client: ControlClient, console: Console) -> int:
                     try:
                         watch = client.watch()
                         feed.start(watch.first)
+                        for line in watch.lines():
+                            feed.add(line)
                         note = ""
                     except ControlError as exc:
                         note = f"no governor: {exc}"[: console.width // 2]

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import selectors
+import socket
+import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -97,3 +100,31 @@ def test_the_stream_ends_when_the_daemon_stops(server: ControlServer, api: FakeA
     watch.close()
     assert lines == []
     assert not api.state._recorders
+
+
+def test_a_stream_that_is_not_the_daemons_is_one_line_error(tmp_path: Path) -> None:
+    """Whatever listens there and answers garbage or nothing, `top` and the dashboard get a ControlError to show."""
+    path = tmp_path / "fake.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(4)
+    answers = [b"", b"<html>\n", b'{"ok": true, "status": {}}\n\xff\xfe garbage\n']
+
+    def serve() -> None:
+        for answer in answers:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(1024)
+                conn.sendall(answer)
+
+    server_thread = threading.Thread(target=serve, daemon=True)
+    server_thread.start()
+    client = ControlClient(path, timeout_s=5)
+    with pytest.raises(ControlError, match="closed the connection without answering"):
+        client.watch()
+    with pytest.raises(ControlError, match="answered something that is not JSON"):
+        client.watch()
+    with client.watch() as watch, pytest.raises(ControlError, match="watch stream sent something that is not JSON"):
+        watch.lines()  # the garbage came with the first answer: it is read at once, not at the next tick
+    server_thread.join(5)
+    listener.close()
