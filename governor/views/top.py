@@ -339,7 +339,8 @@ def run_live(client: ControlClient, console: Console) -> int:
                     ready = sel.select(timeout=1.0 if watch is not None else RECONNECT_S)
                 for key, _ in ready:
                     if key.data == "keys":
-                        if os.read(sys.stdin.fileno(), 16).lower()[:1] in (b"q", b"\x1b"):
+                        pressed = os.read(sys.stdin.fileno(), 16)
+                        if pressed[:1] in (b"q", b"Q") or pressed == b"\x1b":  # Esc alone; an arrow key starts so too
                             return 0
                     elif watch is not None:
                         try:
