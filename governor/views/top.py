@@ -33,6 +33,9 @@ STATE_STYLE = {
 }  # fmt: skip
 AXIS_W = 7  # "  80.0┤"
 RECONNECT_S = 2.0
+AGE_REFRESH_S = (
+    5.0  # with nothing new, the frame is redrawn this often (its "updated N s ago"): rich draws a frame in ~10 ms
+)
 MIB = 1 << 20
 
 
@@ -312,8 +315,9 @@ def _keys() -> Iterator[bool]:
 
 
 def run_live(client: ControlClient, console: Console) -> int:
-    """Full screen until q, Esc or Ctrl-C. The daemon's lines drive the redraws; a one-second timer only ages the
-    "updated N s ago". A daemon that goes away is waited for (reconnecting every RECONNECT_S)."""
+    """Full screen until q, Esc or Ctrl-C. The daemon's lines drive the redraws (and a key, or the terminal's new
+    size, at the next one); a slow timer only ages the "updated N s ago". A daemon that goes away is waited for
+    (reconnecting every RECONNECT_S)."""
     feed = Feed()
     view = TopView(feed)
     note = ""
@@ -336,7 +340,7 @@ def run_live(client: ControlClient, console: Console) -> int:
                         sel.register(watch, selectors.EVENT_READ, "watch")
                     if keys:
                         sel.register(sys.stdin, selectors.EVENT_READ, "keys")
-                    ready = sel.select(timeout=1.0 if watch is not None else RECONNECT_S)
+                    ready = sel.select(timeout=AGE_REFRESH_S if watch is not None else RECONNECT_S)
                 for key, _ in ready:
                     if key.data == "keys":
                         pressed = os.read(sys.stdin.fileno(), 16)
