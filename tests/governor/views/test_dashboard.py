@@ -46,17 +46,20 @@ class Dashboard:
         )
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
-        try:
+        try:  # whatever goes wrong here, the process does not outlive the test
             said = [self.lines.get(timeout=30), self.lines.get(timeout=30)]
+            read_only = re.fullmatch(r"governor dashboard: (http://127\.0\.0\.1:\d+/) \(read-only\)", said[0])
+            control = re.match(r"holds and reload: (http://\S+/)#token=([\w-]+) ", said[1])
+            assert read_only, said
+            assert control, said
+            assert control.group(1) == read_only.group(1)
         except queue.Empty:
             self.stop()
-            raise AssertionError(f"governor dashboard did not say where it listens: {self.proc.stderr}") from None
-        read_only = re.fullmatch(r"governor dashboard: (http://127\.0\.0\.1:\d+/) \(read-only\)", said[0])
-        control = re.match(r"holds and reload: (http://\S+/)#token=([\w-]+) ", said[1])
-        assert read_only, said
-        assert control, said
+            raise AssertionError("governor dashboard did not say where it listens within 30 s") from None
+        except BaseException:
+            self.stop()
+            raise
         self.url, self.token = read_only.group(1), control.group(2)
-        assert control.group(1) == self.url
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
