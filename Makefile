@@ -17,9 +17,10 @@ LLAMA        := llama-cpp-python==0.3.36
 NO_AMX       := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 # (a compiler too old to know these flags cannot build AMX kernels either)
 LLAMA_CFLAGS := $(if $(filter x86_64,$(shell uname -m)),$(shell cc $(NO_AMX) -E -x c /dev/null >/dev/null 2>&1 && echo '$(NO_AMX)'))
-WHEELS       := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/governor/wheels
+CACHE        := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/governor
+WHEELS       := $(CACHE)/wheels
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml native/build-llama-server.sh native/llama-server/CMakeLists.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	key=$$(printf '%s|%s|%s|%s' '$(LLAMA)' '$(LLAMA_CFLAGS)' "$$CMAKE_ARGS" \
@@ -32,7 +33,9 @@ $(STAMP): pyproject.toml
 	  rm -rf $$dir && mv $$dir.part $$dir; \
 	fi && \
 	$(BIN)/python -m pip install --quiet --no-deps --force-reinstall $$dir/*.whl
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[engine,dev]'
+	# llama.cpp's own llama-server against that wheel's libraries, once per llama.cpp build (cached in $(CACHE)).
+	native/build-llama-server.sh $(VENV) $(CACHE)
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -52,12 +52,17 @@ def test_the_set_ups_flags_keep_amx_out_of_a_build_for_an_amx_cpu() -> None:
 
 
 def test_the_set_up_builds_the_llama_cpp_python_that_pyproject_pins() -> None:
-    pinned = [
-        d
-        for d in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-        if d.startswith("llama-cpp-python")
-    ]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pinned = [d for d in project["optional-dependencies"]["engine"] if d.startswith("llama-cpp-python")]
     made = re.search(r"^LLAMA\s*:=\s*(\S+)", (REPO / "Makefile").read_text(), re.M)
 
     assert made is not None
     assert pinned == [made[1]]
+
+
+def test_llama_cpp_python_is_only_the_built_in_engines_extra() -> None:
+    """A plain `pip install` (a phone with Termux's llama-server) compiles no llama.cpp; `make setup` installs it."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+    assert not [d for d in project["dependencies"] if d.startswith("llama-cpp-python")]
+    assert "'.[engine,dev]'" in (REPO / "Makefile").read_text()

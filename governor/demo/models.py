@@ -18,6 +18,7 @@ import functools
 import importlib.metadata
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -240,8 +241,13 @@ FTYPES = {
 
 
 def quantize(src: Path, dst: Path, quant: str, *, requantize: bool = False) -> None:
-    """llama.cpp's own quantizer (what `llama-quantize` runs); `requantize` allows an already quantized source."""
-    import llama_cpp
+    """llama.cpp's own quantizer (what `llama-quantize` runs); `requantize` allows an already quantized source. Without
+    llama-cpp-python (an install without the built-in engine) the `llama-quantize` program does it."""
+    try:
+        import llama_cpp
+    except ImportError:
+        _quantize_program(src, dst, quant, requantize=requantize)
+        return
 
     llama_cpp.llama_backend_init()
     params = llama_cpp.llama_model_quantize_default_params()
@@ -252,6 +258,20 @@ def quantize(src: Path, dst: Path, quant: str, *, requantize: bool = False) -> N
         rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
     if rc != 0:
         raise DemoModelsError(dst.parent, f"llama_model_quantize({src.name} -> {quant}) returned {rc}")
+
+
+def _quantize_program(src: Path, dst: Path, quant: str, *, requantize: bool) -> None:
+    from governor.programs import ProgramNotFound, find_program
+
+    try:
+        program = find_program("llama-quantize")
+    except ProgramNotFound as exc:
+        raise DemoModelsError(dst.parent, f"cannot quantize without llama-cpp-python: {exc}") from exc
+    argv = [str(program), *(["--allow-requantize"] if requantize else []), str(src), str(dst), quant.upper()]
+    done = subprocess.run([*argv, str(os.cpu_count() or 1)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        raise DemoModelsError(dst.parent, f"{program.name} {src.name} -> {quant}: {last}")
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import gc
 import grp
+import importlib.util
 import os
 import signal
 import socket
@@ -46,6 +47,12 @@ if TYPE_CHECKING:
     from governor.engine.worker import Worker
 
 log = structlog.get_logger("governor.engine")
+
+
+NO_LLAMA_CPP = (
+    "the built-in engine needs llama-cpp-python, which is not installed: pip install 'inference-governor[engine]', "
+    "or serve with llama.cpp's own server (governor run --engine llama-server; docs/engines.md)"
+)
 
 
 class EngineError(GovernorError):
@@ -256,6 +263,8 @@ def run(args: argparse.Namespace) -> int:
     # Arguments first: a bad one is an error before llama.cpp is even imported.
     models, settings = initial(args)
     mode = extra_buffers_mode(args)
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise EngineError(NO_LLAMA_CPP)
     from governor.engine import loopwatch
     from governor.engine.app import EngineApp
     from governor.engine.model import ModelLoadError, extra_buffers_for
