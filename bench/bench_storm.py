@@ -19,7 +19,6 @@ import argparse
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -30,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from governor.demo.models import RANDOM_DIR, write_demo_models
 from tests.faults.hostile import HostileUpstream
-from tests.faults.test_sizes import HEADER_FLOOD, HEADER_MB
+from tests.faults.test_sizes import HEADER_MB, flood
 from tests.faults.test_upstreams import POLICY, ask
 from tests.governor.daemon.daemon_proc import DaemonProc
 from tests.helpers import eventually
@@ -46,25 +45,12 @@ def memory(pid: int) -> tuple[float, float]:
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
-def header_flood(d: DaemonProc, connections: int) -> str:
-    sock_dir, path = d.engine_socket.parent, d.engine_socket
-    modes = os.stat(sock_dir).st_mode & 0o7777, os.stat(path).st_mode & 0o7777
-    os.chmod(sock_dir, 0o711)
-    os.chmod(path, 0o666)
-    try:
-        argv = [sys.executable, "-c", HEADER_FLOOD, str(path), str(HEADER_MB), str(connections)]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True).stdout.strip()
-    finally:
-        os.chmod(path, modes[1])
-        os.chmod(sock_dir, modes[0])
-
-
 def size_cases(d: DaemonProc, upstream: HostileUpstream) -> float:
     """The daemon's memory through the size cases; returns its peak (MB)."""
     pid = d.proc.pid
     print(f"daemon ready: VmRSS {memory(pid)[0]:.1f} MB")
-    print(f"one {HEADER_MB} MB request header: answered {header_flood(d, 1)}; VmRSS {memory(pid)[0]:.1f} MB")
-    answers = header_flood(d, 16).split()
+    print(f"one {HEADER_MB} MB request header: answered {flood(d, 1)[0]}; VmRSS {memory(pid)[0]:.1f} MB")
+    answers = flood(d, 16)
     print(f"sixteen at once from uid 65534: {answers.count('HTTP/1.1_431')} x 431; VmRSS {memory(pid)[0]:.1f} MB")
     d.tree.write(ZONE_TEMP, 95000)
     eventually(lambda: d.status()["routing"]["off_device"], timeout_s=30)

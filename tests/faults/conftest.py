@@ -7,6 +7,8 @@ docs/reliability.md shows.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import tempfile
 from collections import Counter
@@ -44,6 +46,20 @@ def victim(tmp_path_factory: pytest.TempPathFactory, demo_ladder: Path) -> Itera
     finally:
         d.stop()
         shutil.rmtree(sockets, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def opened_to_others(path: Path) -> Iterator[None]:
+    """`path` (a socket) and its directory opened to another local user, as a group member would be let in."""
+    sock_dir = path.parent
+    dir_mode, sock_mode = os.stat(sock_dir).st_mode & 0o7777, os.stat(path).st_mode & 0o7777
+    os.chmod(sock_dir, 0o711)
+    os.chmod(path, 0o666)
+    try:
+        yield
+    finally:
+        os.chmod(path, sock_mode)
+        os.chmod(sock_dir, dir_mode)
 
 
 def _kind(item: pytest.Item) -> str | None:

@@ -19,7 +19,7 @@ import pytest
 
 from governor.daemon.control import MAX_CONNECTIONS, READ_TIMEOUT_S, ControlError, ControlServer
 from governor.engine.client import EngineClient
-from tests.faults.conftest import FAULT_POLICY
+from tests.faults.conftest import FAULT_POLICY, opened_to_others
 from tests.governor.daemon.daemon_proc import DaemonProc
 from tests.helpers import eventually
 
@@ -187,11 +187,7 @@ sys.stdin.read()  # hold them until told to stop
 def flooded(victim: DaemonProc, path: Path, n: int = 1000) -> Iterator[None]:
     """Another user (uid 65534, let onto `path` as a group member would be) holds `n` connections to it that send
     nothing; asserted meanwhile: the daemon's descriptors stay bounded."""
-    sock_dir = path.parent
-    dir_mode, sock_mode = os.stat(sock_dir).st_mode & 0o7777, os.stat(path).st_mode & 0o7777
-    os.chmod(sock_dir, 0o711)
-    os.chmod(path, 0o666)
-    try:
+    with opened_to_others(path):
         flooder = subprocess.Popen(
             [sys.executable, "-c", FLOODER, str(path), str(n)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
@@ -203,9 +199,6 @@ def flooded(victim: DaemonProc, path: Path, n: int = 1000) -> Iterator[None]:
             yield
         finally:
             flooder.communicate("", timeout=30)
-    finally:
-        os.chmod(path, sock_mode)
-        os.chmod(sock_dir, dir_mode)
 
 
 def test_another_users_flood_leaves_root_served(victim: DaemonProc) -> None:

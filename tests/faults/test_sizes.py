@@ -5,18 +5,16 @@ not have, a policy naming a path as its model or carrying escape codes in its na
 
 from __future__ import annotations
 
-import contextlib
-import os
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from governor.daemon.control import READ_TIMEOUT_S, ControlError
+from tests.faults.conftest import opened_to_others
 from tests.faults.test_upstreams import MAX_DAEMON_BYTES, peak_bytes
 from tests.governor.daemon.daemon_proc import TEST_POLICY, DaemonProc
 
@@ -44,19 +42,6 @@ for t in threads: t.start()
 for t in threads: t.join()
 print(" ".join(a[:12].decode(errors="replace").replace(" ", "_") for a in answers), flush=True)
 """
-
-
-@contextlib.contextmanager
-def opened_to_others(path: Path) -> Iterator[None]:
-    sock_dir = path.parent
-    dir_mode, sock_mode = os.stat(sock_dir).st_mode & 0o7777, os.stat(path).st_mode & 0o7777
-    os.chmod(sock_dir, 0o711)
-    os.chmod(path, 0o666)
-    try:
-        yield
-    finally:
-        os.chmod(path, sock_mode)
-        os.chmod(sock_dir, dir_mode)
 
 
 def flood(victim: DaemonProc, connections: int) -> list[str]:
