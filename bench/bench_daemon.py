@@ -33,6 +33,8 @@ import psutil
 from governor import logs
 from governor.clock import RealClock
 from governor.daemon.client import ControlClient
+from governor.daemon.desired import DesiredEngine
+from governor.daemon.llamacpp import LlamaCppPython
 from governor.daemon.metrics import DaemonMetrics
 from governor.daemon.restarts import RestartPolicy
 from governor.daemon.state import DaemonState
@@ -43,7 +45,6 @@ from governor.engine.client import EngineClient
 from governor.loop import GovernorLoop
 from policies import StateMachine, load_policy
 from policies.assemble import load_footprints
-from policies.decision import EngineConfig
 from policies.ladder import load_ladder
 from sensors.sampler import SensorSampler
 from sensors.snapshot import EngineObservation
@@ -56,16 +57,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 class WatchedEngine:
-    """The daemon's EngineControl without the supervisor: observe = the last pushed status, no I/O."""
+    """The daemon's view of the engine without the supervisor: observe = the last pushed status, no I/O."""
 
     def __init__(self, watch: EngineWatch) -> None:
         self.watch = watch
 
     def observe(self) -> EngineObservation | None:
         return self.watch.latest
-
-    def apply(self, config: EngineConfig) -> None:
-        del config  # the policy's first config; what is measured is the tick
 
 
 class PolledEngine(WatchedEngine):
@@ -109,7 +107,7 @@ def per_tick(root: Path, ladder_path: Path, ticks: int, client: EngineClient) ->
     supervisor = EngineSupervisor(
         command=lambda _cfg, _eb: [],
         ready=lambda _t: True,
-        configure=lambda _cfg: None,
+        desired=DesiredEngine(LlamaCppPython(ladder_path, client.socket_path)),
         ladder=ladder,
         restart=RestartPolicy(),
         clock=RealClock(),

@@ -71,7 +71,7 @@ def load_device_model(path: Path) -> Power:
 @contextlib.contextmanager
 def engine_child(ladder: Path, config: EngineConfig, directory: Path) -> Iterator[object]:
     """An engine process on a private socket, ready; SIGTERM (then SIGKILL) on exit."""
-    from governor.daemon.engine import engine_command
+    from governor.daemon.llamacpp import engine_command
     from governor.engine.client import EngineClient, EngineUnavailable
 
     sock = directory / "bench.sock"
@@ -147,7 +147,7 @@ def run_grid(ladder: Path, grid: Grid, *, root: Path, state_dir: Path, n_ctx: in
                         assert isinstance(client, EngineClient)
                         measure(client, tier, 0, 4)  # warm-up: page the weights in
                         for ratio in ratios:
-                            cap.apply(ratio)
+                            cap.cap(ratio)
                             for threads in grid.threads:
                                 client.configure(threads=threads)
                                 for fill in grid.fills:

@@ -1,4 +1,5 @@
-"""The one loop: sample -> decide -> apply. The daemon runs it on a real clock, the simulator on a virtual one."""
+"""The one loop: sample -> decide -> apply (every actuator, in order). The daemon runs it on a real clock, the lab on
+a virtual one."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from typing import Protocol
 
 import structlog
 
+from governor.actuator import Actuator
 from governor.clock import Clock, Wake
-from policies.decision import Decision, EngineConfig, Hold
+from policies.decision import Decision, Hold
 from sensors.snapshot import EngineObservation, Snapshot
 
 
@@ -29,10 +31,8 @@ class Decider(Protocol):
         ...
 
 
-class EngineControl(Protocol):
+class EngineObserver(Protocol):
     def observe(self) -> EngineObservation | None: ...
-
-    def apply(self, config: EngineConfig) -> None: ...
 
 
 TickListener = Callable[[float, Snapshot, EngineObservation | None, Decision], None]
@@ -43,9 +43,11 @@ class GovernorLoop:
         self,
         sensors: SensorSource,
         decider: Decider,
-        engine: EngineControl,
+        engine: EngineObserver,
         clock: Clock,
         *,
+        actuators: Sequence[Actuator] = (),
+        wake: Wake | None = None,
         holds: Callable[[float], Sequence[Hold]] = lambda _t: (),
         listeners: Sequence[TickListener] = (),
         before_tick: Sequence[Callable[[], None]] = (),
@@ -53,13 +55,13 @@ class GovernorLoop:
         self.sensors = sensors
         self.decider = decider
         self.engine = engine
+        self.actuators = list(actuators)  # applied in this order after each decision
         self.clock = clock
         self._holds = holds
         self.listeners = list(listeners)
         self.before_tick = list(before_tick)  # run by `run()` between ticks: the daemon's reload
         self.last: Decision | None = None
-        self._applied: EngineConfig | None = None
-        self.wake = Wake()  # set by udev events, a reload, a hold or the engine's news: tick now
+        self.wake = wake if wake is not None else Wake()  # set by udev events, a reload, a hold, the engine: tick now
         self.max_wait_s: float | None = None  # never wait longer (systemd's watchdog wants a ping this often)
         self.wake_at: float | None = None  # a hook's one-off: wake by this clock time (a reload put off till then)
         self._log = structlog.get_logger("governor.loop")
@@ -69,9 +71,8 @@ class GovernorLoop:
         snapshot = self.sensors.sample()
         observed = self.engine.observe()
         decision = self.decider.decide(snapshot, observed, t, self._holds(t))
-        if decision.engine != self._applied:
-            self.engine.apply(decision.engine)
-            self._applied = decision.engine
+        for actuator in self.actuators:
+            actuator.apply(decision)
         if self.last is None or decision.state != self.last.state or decision.changed:
             self._log.info(
                 "decision", state=decision.state.value, rule=decision.rule, reason=decision.reason, t=round(t, 3)

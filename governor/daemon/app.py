@@ -1,7 +1,7 @@
 """The composition root: `build(config)` makes every part of the daemon and passes each one in.
 
 sensors (SensorSampler under --root) -> policy StateMachine (with the ladder's memory footprints) wrapped by the
-supervisor's word -> the supervised engine child and its client; plus holds, the control socket, udev events,
+supervisor's word -> the supervised engine child, through its driver; plus holds, the control socket, udev events,
 sd_notify, metrics and the recorder feed. Time is injected: the lab runs the same GovernorLoop on a VirtualClock.
 """
 
@@ -20,18 +20,21 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from govbase.errors import GovernorError
+from governor.actuator import Actuator
 from governor.clock import Clock, RealClock, Wake
 from governor.daemon.config import DaemonConfig
-from governor.daemon.engine import SupervisedEngine, engine_command
+from governor.daemon.desired import DesiredEngine
+from governor.daemon.engine import SupervisedEngine
 from governor.daemon.freqcap import FreqCap
 from governor.daemon.holds import HoldRegistry
+from governor.daemon.llamacpp import LlamaCppPython
 from governor.daemon.metrics import DaemonMetrics
 from governor.daemon.notify import Notifier
 from governor.daemon.runtime import Daemon
 from governor.daemon.state import DaemonState
 from governor.daemon.supervisor import EngineSupervisor, SupervisedDecider
 from governor.daemon.watch import EngineWatch
-from governor.engine.client import EngineClient, EngineUnavailable
+from governor.engine.client import EngineUnavailable
 from governor.loop import Decider, GovernorLoop
 from governor.unixsock import check_private_dir
 from policies.ladder import ModelLadder, load_ladder
@@ -149,9 +152,19 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
     inner = load_decider(config.policy)  # a bad policy at start is an error; on reload the last good one is kept
 
     state = DaemonState()
-    client = EngineClient(config.engine_child_socket, timeout_s=2.0)  # the daemon's own link skips the proxy;
-    # a hung engine must not stall the loop for long
+    # The engine's driver: the daemon's own link skips the proxy; the policy in force when the engine (re)starts.
+    driver = LlamaCppPython(
+        lpath,
+        config.engine_child_socket,
+        drain_s=config.drain_timeout_s,
+        options=lambda: engine_options(decider.inner),
+    )
     log = structlog.get_logger("governor.daemon")
+    wake = Wake()  # the loop's: the supervisor, the engine's news, holds and udev events tick it now
+    # The engine pushes its status (a request arriving wakes the loop) and a heartbeat line every probe interval.
+    watch = EngineWatch(driver, on_change=wake.set, heartbeat_s=max(0.1, config.restart.probe_interval_s))
+    desired = DesiredEngine(driver)  # the one owner of the engine's settings; its thread posts them
+    holds = HoldRegistry(on_change=wake.set)
 
     def ours(pid: object) -> bool:
         """The engine answering is our child: another daemon's engine on the same socket is never taken over."""
@@ -162,7 +175,7 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
 
     def ready(timeout_s: float) -> bool:
         try:
-            status = client.wait_ready(timeout_s)
+            status = driver.wait_ready(timeout_s)
         except EngineUnavailable:
             return False
         return ours((status.model_extra or {}).get("pid"))
@@ -173,35 +186,17 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
         status = watch.fresh((watch.heartbeat_s or 0.0) + timeout_s)
         if status is None or not ours((status.model_extra or {}).get("pid")):
             return False
-        engine.correct_drift(status)
+        desired.check(status)
         return True
-
-    loop_ref: list[GovernorLoop] = []  # the supervisor and holds wake the loop, which is built after them
-
-    def wake() -> None:
-        if loop_ref:
-            loop_ref[0].wake.set()
-
-    # The engine pushes its status (a request arriving wakes the loop) and a heartbeat line every probe interval.
-    watch = EngineWatch(client, on_change=wake, heartbeat_s=max(0.1, config.restart.probe_interval_s))
 
     def engine_changed() -> None:
         watch.kick()  # a new engine is ready (or the old one gone): (re)connect to its status stream now
-        wake()
-
-    holds = HoldRegistry(on_change=wake)
+        wake.set()
 
     supervisor = EngineSupervisor(
-        command=lambda cfg, extra_buffers: engine_command(
-            lpath,
-            config.engine_child_socket,
-            cfg,
-            drain_s=config.drain_timeout_s,
-            options=engine_options(decider.inner),  # the policy in force when the engine (re)starts
-            extra_buffers=extra_buffers,
-        ),
+        command=driver.command,
         ready=ready,
-        configure=client.apply,
+        desired=desired,
         ladder=ladder,
         restart=config.restart,
         clock=clock,
@@ -214,9 +209,12 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
         config.root, environ=env, engine_pid=lambda: supervisor.pid, slow_max_age_s=1.0, own_caps=freq.own_caps
     )
     decider = SupervisedDecider(inner, supervisor)
-    engine = SupervisedEngine(client, supervisor, watch)
-    loop = GovernorLoop(sensors, decider, engine, clock, holds=holds.in_force, listeners=[freq.on_tick, engine.on_tick])
-    loop_ref.append(loop)
+    engine = SupervisedEngine(driver, supervisor, desired, watch)
+    actuators: list[Actuator] = [
+        engine,
+        freq,
+    ]  # applied in this order after each decision; restored in the reverse order
+    loop = GovernorLoop(sensors, decider, engine, clock, actuators=actuators, wake=wake, holds=holds.in_force)
 
     events = UdevEvents(uevent_handler(sensors, loop.wake)) if config.udev else None
     metrics = DaemonMetrics(
@@ -254,7 +252,6 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
         metrics=metrics,
         notifier=Notifier(env),
         events=events,
-        closeables=(client, sensors, freq),  # freq: restores the CPU limits it found
-        actuators={"cpufreq": freq.status},
+        closeables=(watch, driver, sensors),
         router=router,
     )

@@ -12,20 +12,17 @@ Every path goes through the sensors' `Root`, so tests write on fake sysfs trees 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
-import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from governor.daemon.originals import Originals
 from policies.decision import Decision
 from sensors.root import Reader, Root, describe
-from sensors.snapshot import EngineObservation, Snapshot
 
 CPUFREQ = "sys/devices/system/cpu/cpufreq"
 PSTATE = "sys/devices/system/cpu/intel_pstate"
@@ -62,13 +59,14 @@ class Cluster:
 class FreqCap:
     """Writes the decision's frequency ratio to every writable cluster; restores what it found."""
 
+    name = "cpufreq"
+
     def __init__(self, root: Root, state_dir: Path) -> None:
         self.root = root
-        self.saved = state_dir / ORIGINALS
+        self.originals = Originals(state_dir / ORIGINALS)
         self.clusters: list[Cluster] = []
         self.ratio: float | None = None
         self.reason = "not started"
-        self._saved_done = False
         self._own: dict[str, int] = {}  # policy directory -> the kHz we wrote there (own_caps)
         self._log = structlog.get_logger("governor.freqcap")
 
@@ -93,38 +91,27 @@ class FreqCap:
     def recover(self) -> None:
         """A previous run died with caps in force (kill -9, a power cut during a write): put its originals back.
 
-        The file is trusted only when it is ours (owner, not writable by others, not a symlink), and then only for
-        the limits this module writes, as positive integers: run as root, a planted file must not make us write
-        a number into any other file."""
+        The file is trusted only when it is ours (governor.daemon.originals), and then only for the limits this
+        module writes, as positive integers: run as root, a planted file must not make us write a number into any
+        other file."""
         try:
-            data = json.loads(self._read_saved())
+            data = self.originals.load()
+            if data is None:
+                return
             files = {str(k): int(v) for k, v in data["files"].items()}
             bad = [p for p, v in files.items() if not self._limit_path(p) or not 0 < v < 10**12]
             if bad:
                 raise ValueError(f"not a CPU limit this daemon writes: {bad[0]!r} = {files[bad[0]]}")
-        except FileNotFoundError:
-            return
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             self._log.error(
-                "cannot use the saved CPU frequency limits; leaving them", file=str(self.saved), error=str(exc)
+                "cannot use the saved CPU frequency limits; leaving them", file=str(self.originals.path), error=str(exc)
             )
             return
         failed = {path: khz for path, khz in files.items() if not self._write(path, khz)}
         self._log.warning("restored CPU frequency limits left by a previous run", files=len(files) - len(failed))
         if failed:
             return  # keep the file: the next start tries again
-        with contextlib.suppress(FileNotFoundError):
-            self.saved.unlink()
-
-    def _read_saved(self) -> str:
-        fd = os.open(self.saved, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        try:
-            st = os.fstat(fd)
-            if st.st_uid != os.geteuid() or st.st_mode & 0o022 or not stat.S_ISREG(st.st_mode):
-                raise ValueError(f"not this user's own file (owner uid {st.st_uid}, mode {st.st_mode & 0o7777:o})")
-            return os.read(fd, 1 << 20).decode()
-        finally:
-            os.close(fd)
+        self.originals.clear()
 
     def _limit_path(self, path: str) -> bool:
         """One of the files `_discover` finds to write, under this root."""
@@ -236,8 +223,12 @@ class FreqCap:
         steps = top.available_khz or tuple(range(top.min_khz, top.max_khz, max(1, (top.max_khz - top.min_khz) // 16)))
         return tuple(sorted({round(f / top.max_khz, 4) for f in steps if f >= top.min_khz} | {1.0}))
 
-    # -- apply and restore -------------------------------------------------------------------------------------
-    def apply(self, ratio: float | None) -> None:
+    # -- the actuator: apply, restore, status ------------------------------------------------------------------
+    def apply(self, decision: Decision) -> None:
+        """The decision's clock cap (`freq_ratio`)."""
+        self.cap(decision.freq_ratio)
+
+    def cap(self, ratio: float | None) -> None:
         """Cap every writable cluster at `ratio` of its own maximum (None or >= 1: the values found at start)."""
         if ratio == self.ratio:
             return
@@ -278,43 +269,22 @@ class FreqCap:
                     ok = False
         self.ratio = None
         self._own = self._caps_by_policy()
-        if ok and self._saved_done:
-            with contextlib.suppress(FileNotFoundError):
-                self.saved.unlink()
-            self._saved_done = False
+        if ok and self.originals.saved:
+            self.originals.clear()
             self._log.info("cpu frequency limits restored")
 
-    close = restore  # the daemon's restore phase closes its closeables
-
-    def on_tick(self, _t: float, _s: Snapshot, _o: EngineObservation | None, decision: Decision) -> None:
-        """A GovernorLoop listener: apply the decision's clock cap."""
-        self.apply(decision.freq_ratio)
-
     def _save(self) -> bool:
-        """Persist the originals (atomically, fsync'd) before the first write."""
-        if self._saved_done:
+        """Persist the originals before the first write."""
+        if self.originals.saved:
             return True
-        files = {c.path: c.original_khz for c in self.clusters if c.writable}
         try:
-            # A new file of our own (O_EXCL, 0600): never one someone else put (or linked) in the directory.
-            fd, tmp = tempfile.mkstemp(prefix=f".{ORIGINALS}.", dir=self.saved.parent)
-            try:
-                with os.fdopen(fd, "w") as f:
-                    json.dump({"files": files}, f)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, self.saved)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            self.originals.save({"files": {c.path: c.original_khz for c in self.clusters if c.writable}})
         except OSError as exc:
-            self.reason = f"cannot save the original limits in {self.saved}: {exc.strerror}; not capping"
+            self.reason = f"cannot save the original limits in {self.originals.path}: {exc.strerror}; not capping"
             self._log.error("not capping the CPU frequency", reason=self.reason)
             for c in self.clusters:
                 c.writable = False
             return False
-        self._saved_done = True
         return True
 
     def _write(self, path: str, khz: int) -> bool:

@@ -12,7 +12,7 @@ import os
 import queue
 import signal
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future, TimeoutError
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Protocol
@@ -76,7 +76,6 @@ class Daemon:
         notifier: Notifier,
         events: Events | None,
         closeables: tuple[Closeable, ...] = (),
-        actuators: Mapping[str, Callable[[], dict[str, Any]]] | None = None,
         router: Router | None = None,
     ) -> None:
         self.config, self.clock, self.loop = config, clock, loop
@@ -85,7 +84,6 @@ class Daemon:
         self.holds, self.state, self.prom, self.notifier = holds, state, metrics, notifier
         self.events = events
         self._closeables = closeables
-        self._actuators = dict(actuators or {})  # name -> its status (e.g. the CPU frequency cap and if writable)
         self.router = router
         self.stop = threading.Event()
         self._reload = threading.Event()  # `governor reload` (a control thread) asks
@@ -119,6 +117,7 @@ class Daemon:
             if self.events is not None:
                 self.events.start()
             self._log.info("governor running", control_socket=str(self.config.control_socket), policy=self.policy_name)
+            self.supervisor.start()  # the first engine starts with the first decision's settings
             self.loop.run(self.stop, on_error=self._tick_failed)
         finally:
             self.shutdown()
@@ -149,11 +148,12 @@ class Daemon:
         cfg = self.config
         log.info("stopping", phase="drain and stop the engine", drain_s=cfg.drain_timeout_s)
         self.supervisor.stop(cfg.drain_timeout_s + cfg.stop_timeout_s)
-        self.engine.close()
         self.proxy.close(cfg.stop_timeout_s)  # the running answers have ended with the engine (or got an error event)
         log.info("stopping", phase="restore")
         self.control.close()
         self.state.close_recorders()
+        for actuator in reversed(self.loop.actuators):  # what each found before its first write (CPU limits)
+            actuator.restore()
         for closeable in self._closeables:
             closeable.close()
         self.prom.close()
@@ -267,7 +267,7 @@ class Daemon:
                 }
                 for cookie, hold in self.holds.all().items()
             ],
-            actuators={name: status() for name, status in self._actuators.items()},
+            actuators={actuator.name: actuator.status() for actuator in self.loop.actuators},
         )
         if self.router is not None:
             view["routing"] = self.router.status()

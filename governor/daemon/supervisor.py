@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
-from govbase.errors import GovernorError
 from governor.clock import Clock
 from governor.daemon.crashes import Crash, Phase, StderrTail, memory_kill_evidence, phase_of, read_kernel_log
+from governor.daemon.desired import DesiredEngine
 from governor.daemon.restarts import (
     Availability,
     Exit,
@@ -63,7 +63,7 @@ class EngineSupervisor:
         *,
         command: Callable[[EngineConfig, str | None], Sequence[str]],
         ready: Callable[[float], bool],
-        configure: Callable[[EngineConfig], None],
+        desired: DesiredEngine,
         ladder: ModelLadder,
         restart: RestartPolicy,
         clock: Clock,
@@ -73,20 +73,19 @@ class EngineSupervisor:
         probe: Callable[[float], bool] = lambda _timeout_s: True,
     ) -> None:
         """`command(config, extra_buffers)` is the child's argv (`extra_buffers` "off" after a crash asked for the
-        safer setting, else None); `ready(timeout_s)` waits for its socket; `configure` applies a config to a
-        running child (the engine client); `probe(timeout_s)` asks a running child whether it answers."""
-        self._command, self._ready, self._configure, self._probe = command, ready, configure, probe
+        safer setting, else None); `ready(timeout_s)` waits for its socket; `desired` owns the config an engine
+        starts with and converges a ready one to it; `probe(timeout_s)` asks a running child whether it answers."""
+        self._command, self._ready, self.desired, self._probe = command, ready, desired, probe
         self.ladder, self.restart, self.clock = ladder, restart, clock
         self._latest_snapshot, self._on_change, self._kernel_log = latest_snapshot, on_change, kernel_log
         self._lock = threading.Lock()
-        self._wanted = threading.Condition(self._lock)  # a new desired config
         self._stop = threading.Event()
         self._hurry = False  # a plain attribute: set from a signal handler, which must take no lock
         self._retry = threading.Event()
         self._resume = threading.Event()  # set when the wait for memory ends (or the daemon stops)
+        self._restarting = False  # the running engine was stopped to start again with new settings (not a death)
         self._proc: subprocess.Popen[bytes] | None = None
         self._thread: threading.Thread | None = None
-        self.desired: EngineConfig | None = None
         self.status = SupervisionStatus()
         self._crashes: list[Crash] = []
         self._requests = self._answered = 0  # chat requests the public socket sent to this engine / it answered
@@ -94,16 +93,14 @@ class EngineSupervisor:
         self._load_s = LOAD_GUESS_S
         self._log = structlog.get_logger("governor.supervisor")
 
-    # -- called by the loop (through SupervisedEngine) ------------------------------------------------------------
-    def want(self, config: EngineConfig) -> None:
+    # -- called by the daemon --------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Supervise from now on: the first engine starts once the owner of the desired config has one."""
         with self._lock:
-            self.desired = config
-            self._wanted.notify_all()
-            start = self._thread is None and not self._stop.is_set()
-            if start:
-                self._thread = threading.Thread(target=self._supervise, name="engine-supervisor", daemon=True)
-        if start and self._thread is not None:
-            self._thread.start()
+            if self._thread is not None or self._stop.is_set():
+                return
+            self._thread = threading.Thread(target=self._supervise, name="engine-supervisor", daemon=True)
+        self._thread.start()
 
     def expect_exit(self) -> None:
         """The daemon is stopping: an engine exit from now on is not a death to restart from. (A terminal's Ctrl-C
@@ -113,7 +110,7 @@ class EngineSupervisor:
     def hold(self, waiting: str | None) -> None:
         """Nothing fits in memory (`waiting` says so): once no answer is in flight, stop the engine, and start none
         until memory comes back (None), rather than restart it into the OOM killer again and again. (An answer in
-        flight is paused meanwhile, the engine's model unloaded: SupervisedEngine.on_tick.)"""
+        flight is paused meanwhile, the engine's model unloaded: governor.daemon.desired.)"""
         with self._lock:
             was, self.status.waiting = self.status.waiting, waiting
         if waiting is None and was is not None:
@@ -123,6 +120,16 @@ class EngineSupervisor:
             self._log.warning("engine held", reason=waiting)
         if (waiting is None) != (was is None):
             self._on_change()
+
+    def restart_engine(self) -> None:
+        """Stop the running engine (it drains its answer, as on SIGTERM) to start it again at once with the desired
+        settings: its driver can change them no other way. Not a death: no back-off, no failure counted."""
+        with self._lock:
+            proc = self._proc
+            if proc is None or proc.poll() is not None or self._stop.is_set():
+                return
+            self._restarting = True
+        proc.send_signal(signal.SIGTERM)
 
     def reset(self) -> None:
         """A reload forgets past failures, caps and safer settings and retries a given-up engine."""
@@ -180,16 +187,22 @@ class EngineSupervisor:
             threads=config.threads,
             extra_buffers=self.status.extra_buffers,
         )
-        was_ready = self._wait_ready(proc)
+        was_ready = self._wait_ready(proc, config)
         if was_ready:
             self._load_s = max(0.5, self.clock.now() - started)
             self._on_change()
         returncode, hung = self._watch(proc)
+        self.desired.engine_gone()
         with self._lock:
             self.status.running, self.status.ready, self.status.pid = False, False, None
             phase = phase_of(was_ready=was_ready, requests=self._requests, answered=self._answered)
+            restarting, self._restarting = self._restarting, False
         if self._stop.is_set():
             return False
+        if restarting:
+            self._log.info("engine stopped to take new settings; starting it again", returncode=returncode)
+            self._on_change()
+            return True
         lived_s = self.clock.now() - started
         if hung == HELD:
             with self._lock:
@@ -202,14 +215,12 @@ class EngineSupervisor:
         return True
 
     def _allowed_desired(self) -> EngineConfig | None:
-        """The desired config, once it is within the cap (after a memory kill or a crash the policy honours the cap
-        hold at its next tick, which `on_change` asked for); None when there is none or the daemon stops."""
-        with self._lock:
-            while not self._stop.is_set():
-                config = self.desired
-                if config is None or self._allows(config):
-                    return config
-                self._wanted.wait(1.0)
+        """The desired config, once there is one within the cap (after a memory kill or a crash the policy honours
+        the cap hold at its next tick, which `on_change` asked for); None when the daemon stops."""
+        while not self._stop.is_set():
+            config = self.desired.wait_for(self._allows, 1.0)
+            if config is not None:
+                return config
         return None
 
     def _allows(self, config: EngineConfig) -> bool:
@@ -257,18 +268,14 @@ class EngineSupervisor:
                 proc.kill()
                 return proc.wait(), f"hung (no answer for {silent:.0f} s), killed"
 
-    def _wait_ready(self, proc: subprocess.Popen[bytes]) -> bool:
+    def _wait_ready(self, proc: subprocess.Popen[bytes], config: EngineConfig) -> bool:
         deadline = self.clock.now() + self.restart.ready_timeout_s
         while proc.poll() is None and not self._stop.is_set():
             if self._ready(min(1.0, max(0.0, deadline - self.clock.now()))):
                 with self._lock:
-                    self.status.ready = True  # first, so a decision made from now on goes to the applier
-                desired = self.desired
-                if desired is not None:
-                    try:
-                        self._configure(desired)  # what the loop decided while the engine was loading
-                    except (GovernorError, OSError) as exc:
-                        self._log.warning("engine did not take the config", error=str(exc))
+                    self.status.ready = True
+                    start = self.status.starts
+                self.desired.engine_ready(start, config, self.restart_engine)  # what was decided meanwhile goes to it
                 self._log.info("engine ready", pid=proc.pid)
                 return True
             if self.clock.now() > deadline:
@@ -404,9 +411,7 @@ class SupervisedDecider:
         if critical is not None:
             given_up = {"given_up": critical}
             engine = EngineObservation(busy=False, **given_up) if engine is None else engine.model_copy(update=given_up)
-        decision = self.inner.decide(snapshot, engine, t, (*holds, *self.supervisor.caps()))
-        self.supervisor.hold(decision.engine_wait)
-        return decision
+        return self.inner.decide(snapshot, engine, t, (*holds, *self.supervisor.caps()))
 
     def interval_s(self, decision: Decision) -> float:
         return self.inner.interval_s(decision)

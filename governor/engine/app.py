@@ -125,6 +125,8 @@ class EngineApp:
         self.load_wait_s = load_wait_s  # how long a request may wait on a model load before a 503
         self._process = psutil.Process()
         self.rejected_total = 0
+        self._configuring = asyncio.Lock()
+        self._asked: EngineConfig | None = None  # the settings the last config change asked for, until it settles
         self.feed = StatusFeed(self.status_body, lambda: worker.busy)
         worker.on_change = self.feed.changed
         self.app = Starlette(
@@ -217,16 +219,6 @@ class EngineApp:
         body = await parse_body(request, MAX_CONFIG_BODY, _OBJECT.validate_json)
         if isinstance(body, Response):
             return body
-        try:
-            asked = self.worker.settings.change(body)
-            change = {name: getattr(asked, name) for name in body}
-            # Refuse now, before touching the model; in a thread: the first check of a quantized KV type for a
-            # model file not loaded yet reads its header (up to a second).
-            await asyncio.to_thread(resolve, self.worker.settings, change, self.worker.models)
-        except ValidationError as exc:
-            return validation_error(exc)
-        except ConfigRefused as exc:
-            return error(exc.status, exc.message, param=exc.param, code=exc.code)
         loop = asyncio.get_running_loop()
         result: asyncio.Future[tuple[EngineConfig, Applied, float]] = loop.create_future()
 
@@ -236,12 +228,28 @@ class EngineApp:
         def fail(exc: Exception) -> None:
             loop.call_soon_threadsafe(_settle, result, None, exc)
 
-        job = ConfigJob(change, done, fail)
-        self.worker.configure(job)
+        async with self._configuring:  # one at a time: each is merged into the settings the one before asked for
+            base = self._asked if self._asked is not None else self.worker.settings
+            try:
+                asked = base.change(body)
+                # Resolved once, here, before touching the model (the worker runs the result as it is); in a thread:
+                # the first check of a quantized KV type for a model file not loaded yet reads its header (~1 s).
+                change = {name: getattr(asked, name) for name in body}
+                target = await asyncio.to_thread(resolve, base, change, self.worker.models)
+            except ValidationError as exc:
+                return validation_error(exc)
+            except ConfigRefused as exc:
+                return error(exc.status, exc.message, param=exc.param, code=exc.code)
+            job = ConfigJob(target, done, fail)
+            self._asked = target
+            self.worker.configure(job)
         try:
             settings, applied, seconds = await result
         except ConfigRefused as exc:
             return error(exc.status, exc.message, param=exc.param, code=exc.code)
+        finally:
+            if self._asked is target:  # nothing newer asked for: the next change merges into the settings in force
+                self._asked = None
         body = {"config": settings.model_dump(), "applied": applied, "seconds": round(seconds, 4)}
         return JSONResponse(body | {"tokens_waited": job.tokens_waited})
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -31,7 +31,7 @@ class Job:
 
 @dataclass(eq=False)
 class ConfigJob:
-    change: Mapping[str, Any]  # validated fields of EngineConfig (EngineConfig.change)
+    target: EngineConfig  # the whole config to run, resolved once against the engine's models (config.resolve)
     done: Callable[[EngineConfig, Applied, float], None]
     fail: Callable[[Exception], None]
     tokens_at: int = 0  # tokens generated when the change arrived

@@ -14,7 +14,7 @@ from typing import Any
 
 import structlog
 
-from governor.engine.config import ConfigRefused, ModelSpec, resolve
+from governor.engine.config import ConfigRefused, ModelSpec
 from governor.engine.events import ModelChanged, Trimmed
 from governor.engine.extra_buffers import ExtraBuffers
 from governor.engine.jobs import ConfigJob, Counters, Run
@@ -58,11 +58,7 @@ class Reconfigure:
         for cj in pending:
             t0 = time.perf_counter()
             cj.tokens_waited = self.counters.tokens_generated_total - cj.tokens_at
-            try:
-                target = resolve(self.settings, cj.change, self.models)
-            except ConfigRefused as exc:
-                cj.fail(exc)
-                continue
+            target = cj.target
             if not self.slot.loaded:  # the next load uses them
                 self.settings = target
                 cj.done(target, "unloaded", time.perf_counter() - t0)

@@ -67,7 +67,7 @@ class EngineSim:
         self.uncapped_tokens_per_s: float | None = None  # the last decode speed without the rate cap (measured)
         self.prefill_tokens_per_s: float | None = None  # the last prefill speed
 
-    # --- control (EngineControl.apply through SimulatedEngine) ---
+    # --- control (the loop's actuator, governor.lab.world.SimulatedEngine) ---
 
     def apply(self, config: EngineConfig, t: float) -> None:
         old = self.config

@@ -4,6 +4,7 @@ EngineControl, both views of one `World` that advances its physics lazily to the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from governor.clock import Clock
 from governor.lab.device import MB, DeviceSpec
@@ -98,10 +99,7 @@ class World:
         self.user_cap = max(under) if under else min(steps)
 
     def on_tick(self, t: float, _s: Snapshot, _o: EngineObservation | None, decision: Decision) -> None:
-        """A GovernorLoop listener, as the daemon's frequency actuator and supervisor are: apply the decision's clock
-        cap, and stop the engine (requests wait) while nothing fits in memory."""
-        self.set_cap(decision.freq_ratio)
-        self.engine.wait(decision.engine_wait, t)
+        """A GovernorLoop listener, as the daemon's router is: requests go off the device while it misses its SLO."""
         if self.upstream is not None:
             self.upstream.on_tick(t, decision, self.engine)
 
@@ -261,11 +259,15 @@ class SimulatedDevice:
 
 
 class SimulatedEngine:
-    """EngineControl: observe and configure the simulated engine."""
+    """The loop's view of the simulated engine (`observe`) and its actuator, as the daemon's SupervisedEngine is: the
+    decision's settings (applied when they change) and its wait for memory (the engine is stopped, requests wait)."""
+
+    name = "engine"
 
     def __init__(self, world: World, clock: Clock) -> None:
         self.world = world
         self.clock = clock
+        self._applied: EngineConfig | None = None
 
     def observe(self) -> EngineObservation | None:
         self.world.advance_to(self.clock.now())
@@ -289,5 +291,33 @@ class SimulatedEngine:
             context_tokens=round(engine.ctx),
         )
 
-    def apply(self, config: EngineConfig) -> None:
-        self.world.engine.apply(config, self.world.t)
+    def apply(self, decision: Decision) -> None:
+        if decision.engine != self._applied:
+            self.world.engine.apply(decision.engine, self.world.t)
+            self._applied = decision.engine
+        self.world.engine.wait(decision.engine_wait, decision.t)
+
+    def restore(self) -> None:
+        pass  # the simulated process ends with the run
+
+    def status(self) -> dict[str, Any]:
+        config = self.world.engine.config
+        return {"config": None if config is None else config.model_dump(), "pause": self.world.engine.waiting}
+
+
+class SimulatedClock:
+    """The clock cap actuator of a simulated device (the daemon's FreqCap): `scaling_max_freq` where writable."""
+
+    name = "cpufreq"
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    def apply(self, decision: Decision) -> None:
+        self.world.set_cap(decision.freq_ratio)
+
+    def restore(self) -> None:
+        self.world.set_cap(None)
+
+    def status(self) -> dict[str, Any]:
+        return {"writable": self.world.device.cpu.freq_writable, "ratio": self.world.user_cap}

@@ -131,12 +131,12 @@ def test_a_full_state_directory_costs_only_the_clock_cap(tmp_path: Path, tmpfs: 
     tmpfs.fill()
     cap = FreqCap(Root(tree.root), tmpfs.path)
     cap.start()
-    cap.apply(0.5)
+    cap.cap(0.5)
     assert tree.path(f"{CPUFREQ}/policy0/scaling_max_freq").read_text().strip() == "2400000"
     status = cap.status()
     assert not status["writable"]
     assert "No space left on device" in status["reason"]
-    cap.close()
+    cap.restore()
 
 
 def test_the_textfile_is_written_again_once_there_is_room(on_full_disks: tuple[DaemonProc, Tmpfs]) -> None:

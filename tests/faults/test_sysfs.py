@@ -128,11 +128,11 @@ def test_a_hostile_tree_is_never_written_outside_the_root(
     (tmp_path / "state").mkdir()
     cap = FreqCap(Root(tree.root), tmp_path / "state")
     cap.start()
-    cap.apply(0.5)
+    cap.cap(0.5)
     assert (outside / "victim").read_text() == OUTSIDE  # (the old code wrote here, and put it back at close)
-    cap.apply(0.25)
+    cap.cap(0.25)
     status = cap.status()
-    cap.close()
+    cap.restore()
     assert (outside / "victim").read_text() == OUTSIDE
     assert Path("/proc/self/oom_score_adj").read_text() == score
     for cluster in status["clusters"]:  # whatever is left writable is inside the root, and capped there
@@ -153,7 +153,7 @@ def test_a_tampered_state_file_naming_an_outside_path_is_not_written(tmp_path: P
     cap = FreqCap(Root(tree.root), state)
     cap.start()  # recovery writes the "originals" back
     assert (outside / "victim").read_text() == OUTSIDE
-    cap.close()
+    cap.restore()
 
 
 def test_a_confined_write_still_caps_inside_the_root(tmp_path: Path) -> None:
@@ -162,7 +162,7 @@ def test_a_confined_write_still_caps_inside_the_root(tmp_path: Path) -> None:
     (tmp_path / "state").mkdir()
     cap = FreqCap(Root(tree.root), tmp_path / "state")
     cap.start()
-    cap.apply(0.5)
+    cap.cap(0.5)
     assert tree.path(f"{POLICY0}/scaling_max_freq").read_text().strip() == "1200000"
-    cap.close()
+    cap.restore()
     assert tree.path(f"{POLICY0}/scaling_max_freq").read_text().strip() == "2400000"

@@ -9,7 +9,7 @@ from governor.lab.catalog import load_device
 from governor.lab.device import MB
 from governor.lab.engine import EngineSim
 from governor.lab.workload import EventSpec, PhaseSpec, Request, WorkloadSpec
-from governor.lab.world import SimulatedDevice, SimulatedEngine, World
+from governor.lab.world import SimulatedDevice, World
 from policies.decision import EngineConfig
 
 PI = load_device("raspberry-pi-5")
@@ -88,9 +88,9 @@ def squeezed(other_apps_mb: float) -> WorkloadSpec:
 
 def run_full(world: World, until_s: float) -> None:
     clock = VirtualClock()
-    sensors, engine = SimulatedDevice(world, clock), SimulatedEngine(world, clock)
+    sensors = SimulatedDevice(world, clock)
     top = world.device.engine.model[0]
-    engine.apply(EngineConfig(threads=world.device.cpu.cores, n_ctx=top.n_ctx, model=top.name))
+    world.engine.apply(EngineConfig(threads=world.device.cpu.cores, n_ctx=top.n_ctx, model=top.name), world.t)
     clock.advance(until_s)
     sensors.sample()
 

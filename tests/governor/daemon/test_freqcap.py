@@ -34,7 +34,7 @@ def test_caps_each_cluster_at_a_frequency_of_its_own_table(tmp_path: Path) -> No
     tree = big_little(tmp_path / "root")
     cap = FreqCap(Root(tree.root), tmp_path)
     cap.start()
-    cap.apply(0.6)  # 1.08 GHz LITTLE, 1.44 GHz big: the highest table entries under those
+    cap.cap(0.6)  # 1.08 GHz LITTLE, 1.44 GHz big: the highest table entries under those
     assert (read_khz(tree, 0), read_khz(tree, 4)) == (1_008_000, 1_200_000)
     status = cap.status()
     assert status["writable"] is True
@@ -47,11 +47,11 @@ def test_never_below_cpuinfo_min_freq_and_never_above_what_it_found(tmp_path: Pa
     tree.cluster(0, range(4), max_khz=2_400_000, min_khz=600_000, scaling_max_khz=1_500_000)  # a user's own limit
     cap = FreqCap(Root(tree.root), tmp_path)
     cap.start()
-    cap.apply(0.05)
+    cap.cap(0.05)
     assert read_khz(tree, 0) == 600_000  # no table: clamped to cpuinfo_min_freq
-    cap.apply(0.9)  # 2.16 GHz is above the user's 1.5 GHz: the user's limit stays
+    cap.cap(0.9)  # 2.16 GHz is above the user's 1.5 GHz: the user's limit stays
     assert read_khz(tree, 0) == 1_500_000
-    cap.apply(None)
+    cap.cap(None)
     assert read_khz(tree, 0) == 1_500_000
 
 
@@ -61,10 +61,10 @@ def test_originals_are_saved_before_the_first_write_and_restored_on_close(tmp_pa
     cap = FreqCap(Root(tree.root), tmp_path)
     cap.start()
     assert not saved.exists()  # nothing written yet, nothing to save
-    cap.apply(0.5)
+    cap.cap(0.5)
     files = json.loads(saved.read_text())["files"]
     assert sorted(files.values()) == [1_800_000, 2_400_000]
-    cap.close()
+    cap.restore()
     assert (read_khz(tree, 0), read_khz(tree, 4)) == (1_800_000, 2_400_000)
     assert not saved.exists()
 
@@ -73,7 +73,7 @@ def test_a_crashed_runs_caps_are_restored_at_the_next_start(tmp_path: Path) -> N
     tree = big_little(tmp_path / "root")
     crashed = FreqCap(Root(tree.root), tmp_path)
     crashed.start()
-    crashed.apply(0.4)  # then kill -9: no close()
+    crashed.cap(0.4)  # then kill -9: no close()
     assert read_khz(tree, 4) < 2_400_000
     after = FreqCap(Root(tree.root), tmp_path)
     after.start()
@@ -86,8 +86,8 @@ def test_lifting_the_cap_writes_the_original_back(tmp_path: Path) -> None:
     tree = big_little(tmp_path / "root")
     cap = FreqCap(Root(tree.root), tmp_path)
     cap.start()
-    cap.apply(0.5)
-    cap.apply(1.0)
+    cap.cap(0.5)
+    cap.cap(1.0)
     assert (read_khz(tree, 0), read_khz(tree, 4)) == (1_800_000, 2_400_000)
     assert cap.status()["freq_cap_khz"] is None
 
@@ -110,7 +110,7 @@ def test_nothing_writable_says_so_and_offers_no_ratios(tmp_path: Path) -> None:
     cap = FreqCap(ReadOnlySys(tree.root), tmp_path)
     cap.start()
     assert cap.ratios() is None
-    cap.apply(0.5)
+    cap.cap(0.5)
     assert read_khz(tree, 4) == 2_400_000
     status = cap.status()
     assert status["writable"] is False
@@ -134,7 +134,7 @@ def test_a_refused_write_marks_the_cluster_unwritable(tmp_path: Path) -> None:
     tree = big_little(tmp_path / "root")
     cap = FreqCap(RefusingWrites(tree.root), tmp_path)
     cap.start()
-    cap.apply(0.5)
+    cap.cap(0.5)
     status = cap.status()
     assert status["writable"] is False
     assert "failed" in status["reason"]
@@ -188,11 +188,11 @@ def test_saving_replaces_a_planted_link_and_never_writes_through_it(tmp_path: Pa
     (tmp_path / ORIGINALS).symlink_to(victim)
     cap = FreqCap(Root(tree.root), tmp_path)
     cap.start()
-    cap.apply(0.5)
+    cap.cap(0.5)
     assert victim.read_text() == "keep me"
     assert not (tmp_path / ORIGINALS).is_symlink()
     assert json.loads((tmp_path / ORIGINALS).read_text())["files"]
-    cap.close()
+    cap.restore()
     assert read_khz(tree, 4) == 2_400_000
 
 
@@ -220,7 +220,7 @@ def test_intel_pstate_max_perf_pct_is_capped_with_the_policies_and_restored(tmp_
     cap = FreqCap(Root(tree.root), tmp_path)
     cap.start()
     assert "intel_pstate" in cap.reason
-    cap.apply(0.6)
+    cap.cap(0.6)
     assert pct(tree) == 60
     assert read_khz(tree, 0) == 2_040_000
     status = cap.status()
@@ -229,9 +229,9 @@ def test_intel_pstate_max_perf_pct_is_capped_with_the_policies_and_restored(tmp_
         "policy": "intel_pstate", "cpus": "all", "writable": True, "cap_khz": 60, "original_khz": 100,
         "min_khz": 20, "max_khz": 100, "unit": "%",
     }  # fmt: skip
-    cap.apply(0.05)
+    cap.cap(0.05)
     assert pct(tree) == 20  # never below the driver's min_perf_pct
-    cap.close()
+    cap.restore()
     assert pct(tree) == 100
     assert not (tmp_path / ORIGINALS).exists()
 
@@ -244,7 +244,7 @@ def test_intel_pstate_alone_is_an_actuator_and_a_crash_is_undone_at_the_next_sta
     assert ratios is not None
     assert ratios[0] == 0.2
     assert ratios[-1] == 1.0
-    crashed.apply(0.5)
+    crashed.cap(0.5)
     assert pct(tree) == 50
     after = FreqCap(Root(tree.root), tmp_path)  # kill -9: no close(); the next start restores from the saved file
     after.start()
@@ -289,7 +289,7 @@ def test_the_rapl_package_long_term_limit_is_capped_with_the_clock_and_restored(
     cap = FreqCap(Root(tree.root), tmp_path)
     cap.start()
     assert "intel-rapl:0" in cap.reason
-    cap.apply(0.6)
+    cap.cap(0.6)
     assert uw(tree) == 9_000_000  # 60 % of the 15 W found
     assert uw(tree, 1) == 25_000_000  # the short-term limit is the firmware's business
     assert uw(tree, 0, "intel-rapl:0:0") == 0  # subzones untouched
@@ -301,9 +301,9 @@ def test_the_rapl_package_long_term_limit_is_capped_with_the_clock_and_restored(
         "policy": "intel-rapl:0", "cpus": "package-0", "writable": True, "cap_khz": 9_000_000,
         "original_khz": 15_000_000, "min_khz": 3_750_000, "max_khz": 15_000_000, "unit": "µW",
     }  # fmt: skip
-    cap.apply(0.05)
+    cap.cap(0.05)
     assert uw(tree) == 3_750_000  # never below a quarter of the limit found
-    cap.close()
+    cap.restore()
     assert uw(tree) == 15_000_000
     assert not (tmp_path / ORIGINALS).exists()
 
@@ -316,7 +316,7 @@ def test_rapl_alone_is_an_actuator_and_a_crash_is_undone_at_the_next_start(tmp_p
     assert ratios is not None
     assert ratios[0] == 0.25
     assert ratios[-1] == 1.0
-    crashed.apply(0.5)
+    crashed.cap(0.5)
     assert uw(tree) == 7_500_000
     saved = json.loads((tmp_path / ORIGINALS).read_text())
     assert saved["files"] == {str(tree.path(f"{POWERCAP}/intel-rapl:0/constraint_0_power_limit_uw")): 15_000_000}
@@ -336,7 +336,7 @@ def test_a_disabled_rapl_zone_is_left_alone_and_an_unwritable_one_says_so(tmp_pa
     cap = FreqCap(ReadOnlySys(tree.root), tmp_path)
     cap.start()
     assert cap.ratios() is None
-    cap.apply(0.5)
+    cap.cap(0.5)
     assert uw(tree) == 15_000_000
     reason = cap.status()["reason"]
     assert "/sys/class/powercap/intel-rapl:0/constraint_0_power_limit_uw not writable" in reason
@@ -352,7 +352,7 @@ def test_the_daemons_own_cap_is_not_throttling_but_a_kernel_step_under_it_is(tmp
     cap.start()
     sampler = SensorSampler(tree.root, cpu_util=lambda: 95.0, own_caps=cap.own_caps)
     assert sampler.sample().cpu.throttled is False
-    cap.apply(0.6)  # 1.008 GHz LITTLE, 1.2 GHz big
+    cap.cap(0.6)  # 1.008 GHz LITTLE, 1.2 GHz big
     for policy, khz in ((0, 1_008_000), (4, 1_200_000)):
         tree.write(f"{CPU}/cpufreq/policy{policy}/scaling_cur_freq", khz)  # loaded, at the cap
     assert sampler.sample().cpu.throttled is False

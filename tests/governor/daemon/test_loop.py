@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -44,25 +45,50 @@ class Threshold:
 
 
 class Engine:
-    def __init__(self) -> None:
+    """The loop's view of the engine and an actuator that keeps the settings it was given when they change."""
+
+    name = "engine"
+
+    def __init__(self, log: list[str] | None = None) -> None:
         self.applied: list[EngineConfig] = []
+        self.log = log if log is not None else []
 
     def observe(self) -> EngineObservation:
         return EngineObservation(busy=True)
 
-    def apply(self, config: EngineConfig) -> None:
-        self.applied.append(config)
+    def apply(self, decision: Decision) -> None:
+        self.log.append(self.name)
+        if not self.applied or self.applied[-1] != decision.engine:
+            self.applied.append(decision.engine)
+
+    def restore(self) -> None:
+        self.applied.clear()
+
+    def status(self) -> dict[str, Any]:
+        return {"applied": len(self.applied)}
 
 
-def test_applies_only_decisions_that_change_the_engine() -> None:
-    sensors, engine = Sensors(), Engine()
-    loop = GovernorLoop(sensors, Threshold(), engine, VirtualClock())
+class Clock(Engine):
+    name = "clock"
+
+
+def test_every_actuator_gets_every_decision_in_the_order_given_before_the_listeners() -> None:
+    sensors, order = Sensors(), list[str]()
+    engine, clock = Engine(order), Clock(order)
+    loop = GovernorLoop(
+        sensors,
+        Threshold(),
+        engine,
+        VirtualClock(),
+        actuators=[engine, clock],
+        listeners=[lambda *_: order.append("l")],
+    )
     loop.tick()
     loop.tick()
     sensors.temp_c = 80
     loop.tick()
-    loop.tick()
-    assert [c.threads for c in engine.applied] == [4, 2]
+    assert order == ["engine", "clock", "l"] * 3
+    assert [c.threads for c in engine.applied] == [4, 2]  # each actuator does nothing when nothing changed
 
 
 def test_run_waits_the_deciders_interval_and_runs_hooks_between_ticks() -> None:
@@ -89,7 +115,7 @@ def test_run_waits_the_deciders_interval_and_runs_hooks_between_ticks() -> None:
 def test_holds_in_force_reach_the_decider_and_wake_cuts_the_wait() -> None:
     decider, engine, clock = Threshold(), Engine(), VirtualClock()
     held: list[Hold] = []
-    loop = GovernorLoop(Sensors(), decider, engine, clock, holds=lambda _t: tuple(held))
+    loop = GovernorLoop(Sensors(), decider, engine, clock, actuators=[engine], holds=lambda _t: tuple(held))
     loop.tick()
     held.append(Hold(owner="pid 1 uid 0", max_threads=1))
     loop.wake.set()  # what a new hold does: the wait ends at once, no virtual time passes

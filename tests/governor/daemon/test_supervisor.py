@@ -13,6 +13,10 @@ import pytest
 
 from governor.clock import RealClock
 from governor.daemon.crashes import memory_kill_evidence
+from governor.daemon.desired import DesiredEngine
+from governor.daemon.driver import Capabilities
+from governor.daemon.engine import SupervisedEngine
+from governor.daemon.llamacpp import CAPABILITIES
 from governor.daemon.restarts import RestartPolicy, step_down
 from governor.daemon.supervisor import EngineSupervisor, SupervisedDecider
 from policies import StateMachine, load_policy
@@ -45,10 +49,13 @@ PRESSURE = Snapshot(memory=Memory(total_bytes=2**30, available_bytes=2**24, psi_
 class Policy:
     """A policy core that asks for the largest model the holds allow (the supervisor's cap comes as a hold)."""
 
+    def __init__(self, config: EngineConfig = LARGE) -> None:
+        self.config = config
+
     def decide(
         self, snapshot: Snapshot, engine: EngineObservation | None, t: float, holds: Sequence[Hold] = ()
     ) -> Decision:
-        config = LARGE
+        config = self.config
         for hold in holds:
             if hold.max_tier is not None:
                 config = config.model_copy(update={"model": hold.max_tier})
@@ -68,6 +75,7 @@ class Harness:
         snapshot: Snapshot | None = None,
         restart: RestartPolicy = FAST,
         ready: bool = True,
+        capabilities: Capabilities = CAPABILITIES,
     ) -> None:
         self.started: list[EngineConfig] = []
         self.configured: list[EngineConfig] = []
@@ -81,10 +89,23 @@ class Harness:
             self.extra_buffers.append(extra_buffers)
             return argv
 
+        harness, caps = self, capabilities
+        self.policy = Policy()
+
+        class Link:
+            capabilities = caps
+
+            def apply(self, config: EngineConfig) -> None:
+                harness.configured.append(config)
+
+            def pause(self, reason: str | None) -> None:
+                del reason
+
+        self.desired = DesiredEngine(Link())
         self.supervisor = EngineSupervisor(
             command=command,
             ready=lambda _timeout_s: ready,
-            configure=self.configured.append,
+            desired=self.desired,
             ladder=LADDER,
             restart=restart,
             clock=RealClock(),
@@ -96,7 +117,12 @@ class Harness:
     def tick(self) -> None:
         """What the daemon's loop does when the supervisor wakes it: decide with the supervisor's caps, apply. (Not
         through SupervisedDecider: a test's own `hold()` of the engine would be undone by the fake policy.)"""
-        self.supervisor.want(Policy().decide(Snapshot(), None, 0.0, self.supervisor.caps()).engine)
+        self.want(self.policy.decide(Snapshot(), None, 0.0, self.supervisor.caps()).engine)
+
+    def want(self, config: EngineConfig) -> None:
+        """What the engine actuator does with a decision's settings (governor.daemon.engine.SupervisedEngine)."""
+        self.desired.want(config, None)
+        self.supervisor.start()
 
 
 def machine() -> StateMachine:
@@ -130,14 +156,14 @@ def test_back_off_doubles_up_to_its_ceiling() -> None:
 
 
 def test_the_first_decision_starts_the_engine_with_its_settings(harness: Harness) -> None:
-    harness.supervisor.want(LARGE)
+    harness.want(LARGE)
     eventually(lambda: harness.supervisor.ready)
     assert harness.started == [LARGE]
-    assert harness.configured == [LARGE]  # the latest decision is posted once ready (it may have changed)
+    eventually(lambda: harness.configured == [LARGE])  # the latest decision is posted once ready (it may have changed)
 
 
 def test_a_killed_engine_is_restarted(harness: Harness) -> None:
-    harness.supervisor.want(LARGE)
+    harness.want(LARGE)
     pid = ready_pid(harness.supervisor)
     os.kill(pid, signal.SIGKILL)
     eventually(lambda: harness.supervisor.status.starts == 2 and harness.supervisor.ready)
@@ -149,10 +175,35 @@ def test_a_killed_engine_is_restarted(harness: Harness) -> None:
     assert harness.started == [LARGE, LARGE]
 
 
+def test_a_setting_the_driver_changes_only_by_a_restart_restarts_the_engine_with_it() -> None:
+    """An engine like llama-server: threads are fixed at its start (no live and no in-place change)."""
+    fixed = Capabilities.of("llama-server", live=["max_tokens_per_s"], reload=[])
+    h = Harness(SLEEPER, capabilities=fixed)
+    try:
+        h.want(LARGE)
+        pid = ready_pid(h.supervisor)
+        eventually(lambda: h.configured == [LARGE])  # ready: the same message once more (idempotent)
+        capped = LARGE.model_copy(update={"max_tokens_per_s": 5.0})
+        h.policy.config = capped
+        h.want(capped)  # the rate cap: sent to the running engine
+        eventually(lambda: h.configured == [LARGE, capped])
+        two = capped.model_copy(update={"threads": 2})
+        h.policy.config = two  # what the loop decides from now on
+        h.want(two)  # threads: stopped and started again with them
+        eventually(lambda: h.supervisor.status.starts == 2 and h.supervisor.ready)
+        assert h.supervisor.pid != pid
+        assert h.started == [LARGE, two]
+        assert (h.supervisor.status.failures, h.supervisor.status.last_exit) == (0, None)  # not a death
+        eventually(lambda: h.configured == [LARGE, capped, two])
+        assert h.desired.status()["driver"]["restart"] == ["threads", "n_ctx", "kv_type", "model", "n_batch"]
+    finally:
+        h.supervisor.stop(5.0)
+
+
 def test_killed_under_memory_pressure_restarts_one_step_smaller() -> None:
     h = Harness(SLEEPER, snapshot=PRESSURE)
     try:
-        h.supervisor.want(LARGE)
+        h.want(LARGE)
         pid = ready_pid(h.supervisor)
         os.kill(pid, signal.SIGKILL)
         eventually(lambda: len(h.started) == 2)
@@ -193,7 +244,7 @@ def test_memory_kill_evidence() -> None:
 def test_an_oom_record_in_the_kernel_log_also_steps_down() -> None:
     h = Harness(SLEEPER)
     try:
-        h.supervisor.want(LARGE)
+        h.want(LARGE)
         pid = ready_pid(h.supervisor)
         h.kernel_log = OOM_RECORD.format(pid=pid)
         os.kill(pid, signal.SIGKILL)
@@ -207,7 +258,7 @@ def test_an_oom_record_in_the_kernel_log_also_steps_down() -> None:
 def test_repeated_failures_mean_critical_not_a_crash_loop() -> None:
     h = Harness(SELF_KILLER, ready=False)  # a SIGKILL is no crash: no safer settings, the same engine again
     try:
-        h.supervisor.want(LARGE)
+        h.want(LARGE)
         eventually(lambda: h.supervisor.status.critical)
         starts = h.supervisor.status.starts
         assert starts == FAST.max_failures
@@ -226,7 +277,7 @@ def test_repeated_failures_mean_critical_not_a_crash_loop() -> None:
 
 
 def test_stop_terminates_the_engine(harness: Harness) -> None:
-    harness.supervisor.want(LARGE)
+    harness.want(LARGE)
     pid = ready_pid(harness.supervisor)
     harness.supervisor.stop(5.0)
     assert not harness.supervisor.status.running
@@ -238,7 +289,7 @@ def test_stop_terminates_the_engine(harness: Harness) -> None:
 def test_crashes_at_load_try_safer_settings_then_give_up_and_say_why() -> None:
     h = Harness(SEGFAULTER, ready=False)  # dies before its socket answers: during load
     try:
-        h.supervisor.want(LARGE)
+        h.want(LARGE)
         eventually(lambda: h.supervisor.status.critical)
         # each crash took the next safer setting: extra buffers off, then one tier down
         assert [c.model for c in h.started] == ["large", "large", "medium"]
@@ -269,7 +320,7 @@ def test_backing_off_is_a_wait_with_a_reason_and_a_retry_time() -> None:
     slow = RestartPolicy(initial_s=30.0, max_s=60.0, max_failures=3)
     h = Harness(SEGFAULTER, ready=False, restart=slow)
     try:
-        h.supervisor.want(LARGE)
+        h.want(LARGE)
         eventually(lambda: h.supervisor.status.retry_at is not None)
         status = h.supervisor.status
         assert status.last_exit is not None
@@ -289,7 +340,7 @@ def test_backing_off_is_a_wait_with_a_reason_and_a_retry_time() -> None:
 
 
 def test_a_crash_under_the_first_request_is_a_first_decode_crash(harness: Harness) -> None:
-    harness.supervisor.want(LARGE)
+    harness.want(LARGE)
     pid = ready_pid(harness.supervisor)
     start = harness.supervisor.request_started(chat=True)
     os.kill(pid, signal.SIGSEGV)
@@ -301,7 +352,7 @@ def test_a_crash_under_the_first_request_is_a_first_decode_crash(harness: Harnes
 
 
 def test_a_kill_from_outside_is_not_a_crash_to_take_safer_settings_for(harness: Harness) -> None:
-    harness.supervisor.want(LARGE)
+    harness.want(LARGE)
     pid = ready_pid(harness.supervisor)
     harness.supervisor.request_ended(harness.supervisor.request_started(chat=True))  # one answer went through
     harness.supervisor.request_started(chat=True)
@@ -320,7 +371,7 @@ def test_a_silent_engine_is_killed_and_restarted() -> None:
     policy = RestartPolicy(initial_s=0.01, max_s=0.05, probe_interval_s=0.05, probe_timeout_s=0.01, hang_s=0.3)
     h = Harness(SLEEPER, restart=policy)
     h.supervisor._probe = lambda _timeout_s: answers[0]
-    h.supervisor.want(LARGE)
+    h.want(LARGE)
     first = ready_pid(h.supervisor)
     try:
         answers[0] = False
@@ -335,7 +386,7 @@ def test_a_silent_engine_is_killed_and_restarted() -> None:
 
 def test_an_engine_that_cannot_be_started_is_retried_and_reported() -> None:
     h = Harness(["/nonexistent/engine"])
-    h.supervisor.want(LARGE)
+    h.want(LARGE)
     try:
         eventually(lambda: h.supervisor.status.critical is not None, timeout_s=10)
         assert "could not start (No such file or directory)" in str(h.supervisor.status.last_exit)
@@ -351,7 +402,7 @@ def test_while_nothing_fits_no_engine_is_started_and_memory_coming_back_starts_o
     h = Harness(SLEEPER, restart=RestartPolicy(initial_s=0.01, max_s=0.05, probe_interval_s=0.1))
     try:
         h.supervisor.hold(WALL)
-        h.supervisor.want(LARGE)
+        h.want(LARGE)
         avail = h.supervisor.availability()
         assert (avail.ready, avail.given_up) == (False, False)  # requests wait: this is not a failure
         assert avail.reason == f"the engine is stopped: {WALL}"  # none running
@@ -368,7 +419,7 @@ def test_while_nothing_fits_no_engine_is_started_and_memory_coming_back_starts_o
 def test_a_running_engine_is_stopped_once_its_answers_are_done_and_not_restarted_until_memory_is_back() -> None:
     h = Harness(SLEEPER, restart=RestartPolicy(initial_s=0.01, max_s=0.05, probe_interval_s=0.1))
     try:
-        h.supervisor.want(LARGE)
+        h.want(LARGE)
         pid = ready_pid(h.supervisor)
         start = h.supervisor.request_started(chat=True)  # an answer in flight
         h.supervisor.hold(WALL)
@@ -389,16 +440,17 @@ def test_a_running_engine_is_stopped_once_its_answers_are_done_and_not_restarted
 
 
 def test_the_decision_to_wait_for_memory_reaches_the_supervisor() -> None:
-    class Wall(Policy):
-        def decide(
-            self, snapshot: Snapshot, engine: EngineObservation | None, t: float, holds: Sequence[Hold] = ()
-        ) -> Decision:
-            return super().decide(snapshot, engine, t, holds).model_copy(update={"engine_wait": WALL})
-
     h = Harness(SLEEPER)
-    decider = SupervisedDecider(Wall(), h.supervisor)
-    decider.decide(Snapshot(), None, 0.0)
+    engine = SupervisedEngine(Probe(), h.supervisor, h.desired)  # the engine's actuator
+    decision = Policy().decide(Snapshot(), None, 0.0)
+    engine.apply(decision.model_copy(update={"engine_wait": WALL}))
     assert h.supervisor.status.waiting == WALL
-    decider.inner = Policy()
-    decider.decide(Snapshot(), None, 1.0)
+    assert h.desired.pause == WALL
+    engine.apply(decision)
     assert h.supervisor.status.waiting is None
+    assert h.desired.pause is None
+
+
+class Probe:
+    def observe(self) -> EngineObservation | None:
+        return None

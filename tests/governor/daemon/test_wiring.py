@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 from pathlib import Path
@@ -13,7 +14,9 @@ from govbase.errors import GovernorError
 from governor.cli import build_parser
 from governor.clock import RealClock
 from governor.daemon.app import engine_options, policy_loader, uevent_handler
-from governor.daemon.engine import SupervisedEngine, engine_command
+from governor.daemon.desired import DesiredEngine
+from governor.daemon.engine import SupervisedEngine
+from governor.daemon.llamacpp import CAPABILITIES, engine_command
 from governor.daemon.metrics import DaemonMetrics
 from governor.daemon.restarts import RestartPolicy
 from governor.daemon.supervisor import EngineSupervisor
@@ -91,6 +94,8 @@ def test_metrics_text_and_textfile(tmp_path: Path) -> None:
 
 
 class NoRssEngine:
+    capabilities = CAPABILITIES
+
     def observe(self) -> EngineObservation:
         return EngineObservation(busy=False)
 
@@ -102,65 +107,112 @@ class NoRssEngine:
 
 
 class PauseRecorder(NoRssEngine):
+    """An engine link that records what it was told, and on which thread."""
+
     def __init__(self) -> None:
         self.pauses: list[str | None] = []
         self.applied: list[EngineConfig] = []
+        self.threads: set[str] = set()
 
     def apply(self, config: EngineConfig) -> None:
+        self.threads.add(threading.current_thread().name)
         self.applied.append(config)
 
     def pause(self, reason: str | None) -> None:
+        self.threads.add(threading.current_thread().name)
         self.pauses.append(reason)
 
 
-def sleeper_supervisor() -> EngineSupervisor:
-    return EngineSupervisor(
-        command=lambda _cfg, _eb: [sys.executable, "-c", "import time; time.sleep(60)"],
+def sleeper_supervisor(desired: DesiredEngine, started: list[EngineConfig] | None = None) -> EngineSupervisor:
+    def command(config: EngineConfig, _extra_buffers: str | None) -> list[str]:
+        if started is not None:
+            started.append(config)
+        return [sys.executable, "-c", "import time; time.sleep(60)"]
+
+    supervisor = EngineSupervisor(
+        command=command,
         ready=lambda _t: True,
-        configure=lambda _cfg: None,
+        desired=desired,
         ladder=ModelLadder(tier=(ModelTier(name="large", path=Path("large.gguf")),)),
         restart=RestartPolicy(),
         clock=RealClock(),
     )
+    supervisor.start()
+    return supervisor
 
 
 def test_the_engine_is_told_to_pause_once_while_nothing_fits_and_to_resume_after() -> None:
     wait = "no tier fits in 12 MiB; waiting for memory"
-    link, supervisor = PauseRecorder(), sleeper_supervisor()
-    engine = SupervisedEngine(link, supervisor)
+    link = PauseRecorder()
+    desired = DesiredEngine(link)
+    supervisor = sleeper_supervisor(desired)
+    engine = SupervisedEngine(link, supervisor, desired)
     try:
-        engine.apply(CFG)
+        engine.apply(HOT)
         eventually(lambda: supervisor.ready)
+        eventually(lambda: link.applied == [CFG])  # once ready (it started with these settings as flags)
         squeezed = HOT.model_copy(update={"engine_wait": wait})
         for decision in (HOT, squeezed, squeezed, squeezed):
-            engine.on_tick(1.0, Snapshot(), None, decision)
+            desired.want(decision.engine, decision.engine_wait)  # the running engine: supervisor.hold would stop it
         eventually(lambda: link.pauses == [wait])
-        engine.on_tick(2.0, Snapshot(), None, HOT)
+        engine.apply(HOT)
         eventually(lambda: link.pauses == [wait, None])
-        one_thread = CFG.model_copy(update={"threads": 1})
+        one_thread = HOT.model_copy(update={"engine": CFG.model_copy(update={"threads": 1})})
         engine.apply(one_thread)  # a config after it does not repeat the pause
-        engine.on_tick(3.0, Snapshot(), None, HOT)
-        eventually(lambda: link.applied[-1:] == [one_thread])
+        eventually(lambda: link.applied[-1:] == [one_thread.engine])
         assert link.pauses == [wait, None]
+        assert link.applied == [CFG, one_thread.engine]  # each once: a repeated decision sends nothing
     finally:
         supervisor.stop(5.0)
-        engine.close()
+        engine.restore()
+
+
+def test_one_writer_sends_the_engine_its_settings_whoever_asks() -> None:
+    """Start, ready, a decision and a drift all ask the owner (governor.daemon.desired); only its thread posts."""
+    link = PauseRecorder()
+    desired = DesiredEngine(link)
+    started: list[EngineConfig] = []
+    supervisor = sleeper_supervisor(desired, started)
+    engine = SupervisedEngine(link, supervisor, desired)
+    try:
+        engine.apply(HOT)  # a decision: the first starts the engine with its settings (the same message, as flags)
+        eventually(lambda: link.applied == [CFG])  # ready: sent once more, in case it changed while loading
+        assert started == [CFG]
+        desired.check(
+            CFG.model_copy(update={"threads": 1})
+        )  # drift: someone else posted to the engine; ours goes again
+        eventually(lambda: link.applied == [CFG, CFG])
+        two = HOT.model_copy(update={"engine": CFG.model_copy(update={"threads": 2})})
+        engine.apply(two)
+        eventually(lambda: link.applied == [CFG, CFG, two.engine])
+        assert link.threads == {"engine-settings"}  # never the loop's, the supervisor's or the probe's thread
+        assert desired.status()["converged"] is True
+    finally:
+        supervisor.stop(5.0)
+        engine.restore()
+
+
+def test_nothing_but_the_owner_posts_engine_settings() -> None:
+    """In the daemon's source, one module asks a driver to apply settings (a second caller is a second writer); the
+    drivers pass the message on (the llama-cpp-python driver through its client, whose `apply` posts the whole config).
+    The lab's simulated engine is not the daemon's."""
+    root = Path(__file__).resolve().parents[3] / "governor"
+    callers = sorted(
+        str(path.relative_to(root))
+        for path in root.rglob("*.py")
+        if path.parent.name != "lab"
+        and re.search(r"\b(link|driver|client|engine)\.apply\(|\.configure\(\*\*", path.read_text())
+    )
+    assert callers == ["daemon/desired.py", "daemon/llamacpp.py", "engine/client.py"]
 
 
 def test_engine_rss_is_read_from_outside_when_the_engine_does_not_say() -> None:
-    ladder = ModelLadder(tier=(ModelTier(name="large", path=Path("large.gguf")),))
-    supervisor = EngineSupervisor(
-        command=lambda _cfg, _eb: [sys.executable, "-c", "import time; time.sleep(60)"],
-        ready=lambda _t: True,
-        configure=lambda _cfg: None,
-        ladder=ladder,
-        restart=RestartPolicy(),
-        clock=RealClock(),
-    )
-    engine = SupervisedEngine(NoRssEngine(), supervisor)
+    desired = DesiredEngine(NoRssEngine())
+    supervisor = sleeper_supervisor(desired)
+    engine = SupervisedEngine(NoRssEngine(), supervisor, desired)
     try:
         assert engine.observe() is None  # nothing started yet
-        engine.apply(CFG)
+        engine.apply(HOT)
         observed = eventually(engine.observe)
         assert observed is not None
         assert observed.rss_bytes is not None
@@ -169,7 +221,7 @@ def test_engine_rss_is_read_from_outside_when_the_engine_does_not_say() -> None:
         assert supervisor.pid != os.getpid()
     finally:
         supervisor.stop(5.0)
-        engine.close()
+        engine.restore()
 
 
 def test_the_engine_gets_the_policys_engine_options(tmp_path: Path) -> None:

@@ -22,8 +22,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from governor.daemon.driver import EngineDriver
+from governor.daemon.llamacpp import LlamaCppPython
 from governor.engine.client import EngineClient, EngineError, EngineUnavailable
-from governor.loop import EngineControl
 from policies.decision import EngineConfig
 from sensors.snapshot import EngineObservation
 
@@ -196,15 +197,17 @@ def test_a_non_json_error_body_is_still_one_line(fake_engine: tuple[FakeEngine, 
         client.status()
 
 
-def test_apply_posts_the_whole_decision_and_satisfies_the_loops_engine_control(
+def test_the_driver_posts_the_whole_decision_and_observes(
     fake_engine: tuple[FakeEngine, Path],
 ) -> None:
     engine, sock = fake_engine
     config = EngineConfig(threads=1, n_ctx=1024, kv_type="q8_0", model="small", max_tokens_per_s=None)
-    with EngineClient(sock) as client:
-        control: EngineControl = client
-        control.apply(config)
-        observed = control.observe()
+    driver: EngineDriver = LlamaCppPython(Path("ladder.toml"), sock)  # its client, as the daemon uses it
+    try:
+        driver.apply(config)
+        observed = driver.observe()
+    finally:
+        driver.close()
 
     assert engine.posted == [config.model_dump()]
     assert observed == EngineObservation(

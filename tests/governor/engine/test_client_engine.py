@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from governor.daemon.driver import EngineDriver
+from governor.daemon.llamacpp import LlamaCppPython
 from governor.engine.client import EngineClient, EngineError
-from governor.loop import EngineControl
 from policies.decision import EngineConfig
 from tests.governor.engine.engine_proc import Engine, ladder_with_noflash
 
@@ -44,11 +45,13 @@ def test_client_reads_and_changes_a_real_engine(engine: Engine) -> None:
         assert (status.model, status.kv_type, status.threads, status.max_tokens_per_s) == ("small", "q8_0", 1, 50.0)
 
 
-def test_client_is_the_loops_engine_control(engine: Engine) -> None:
-    with EngineClient(engine.socket) as client:
-        control: EngineControl = client
-        control.apply(EngineConfig(threads=1, n_ctx=1024, kv_type="q4_0", model="medium", max_tokens_per_s=None))
-        observed = control.observe()
+def test_the_daemons_driver_applies_and_observes_through_the_client(engine: Engine) -> None:
+    driver: EngineDriver = LlamaCppPython(Path("ladder.toml"), engine.socket)  # its client, as the daemon uses it
+    try:
+        driver.apply(EngineConfig(threads=1, n_ctx=1024, kv_type="q4_0", model="medium", max_tokens_per_s=None))
+        observed = driver.observe()
+    finally:
+        driver.close()
 
     assert observed is not None
     assert (observed.model, observed.busy) == ("medium", False)
