@@ -240,8 +240,7 @@ class EngineApp:
                 return validation_error(exc)
             except ConfigRefused as exc:
                 return error(exc.status, exc.message, param=exc.param, code=exc.code)
-            job = ConfigJob(target, done, fail)
-            self._asked = target
+            self._asked, job = target, ConfigJob(target, done, fail)
             self.worker.configure(job)
         try:
             settings, applied, seconds = await result

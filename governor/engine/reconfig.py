@@ -1,7 +1,9 @@
-"""Configuration changes, applied by the worker thread between tokens: live (threads, rate cap), or a rebuilt context
-(model, context, KV type, n_batch) that continues the same answer — copied, built warm beside it, or cold.
+"""Configuration changes, applied on the worker thread between tokens: live (threads, rate cap), or a rebuilt context
+(model, context, KV type, n_batch) that continues the same answer — copied, built warm beside it, or cold, as the
+reconfiguration plan says (governor.engine.plan).
 
-A part of `Worker` (governor.engine.worker), split out by topic: the worker's state it uses is declared below.
+`Reconfig` owns the engine's settings in force, the changes waiting for a token boundary and a warm build in
+progress; the worker (governor.engine.worker) hands it changes and calls it at token boundaries.
 """
 
 from __future__ import annotations
@@ -28,27 +30,49 @@ from policies.decision import EngineConfig
 log = structlog.get_logger("governor.engine")
 
 
-class Reconfigure:
-    settings: EngineConfig
-    models: dict[str, ModelSpec]
-    slot: Slot
-    counters: Counters
-    extra_buffers: ExtraBuffers
-    on_change: Callable[[], None]
-    _lock: threading.Lock
-    _pending: list[ConfigJob]
-    _swap: WarmSwap | None
+class Reconfig:
+    def __init__(
+        self,
+        settings: EngineConfig,
+        models: dict[str, ModelSpec],
+        slot: Slot,
+        counters: Counters,
+        extra_buffers: ExtraBuffers,
+        *,
+        on_change: Callable[[], None],
+        context: Callable[[], str],
+    ) -> None:
+        """`on_change`: the settings changed (the status feed); `context()`: how an outgrown chat is handled now."""
+        self.settings = settings
+        self.models, self.slot, self.counters, self.extra_buffers = models, slot, counters, extra_buffers
+        self._on_change, self._context = on_change, context
+        self._lock = threading.Lock()
+        self._pending: list[ConfigJob] = []  # changes waiting for the next token boundary (added by the event loop)
+        self._swap: WarmSwap | None = None  # a KV type change being built beside the answering context
 
     @property
     def model(self) -> LoadedModel:
-        """The loaded model; only called where one is (while answering, or after `_ensure_loaded`)."""
+        """The loaded model; only called where one is (while answering, or after a load)."""
         assert self.slot.current is not None
         return self.slot.current
 
-    def _context(self) -> str:
-        raise NotImplementedError  # Worker's
+    def add(self, cj: ConfigJob) -> None:
+        """From the event loop: applied at the next token boundary (`due`)."""
+        with self._lock:
+            self._pending.append(cj)
 
-    def _apply_pending(self, run: Run | None) -> None:
+    @property
+    def waiting(self) -> bool:
+        """Changes wait to be applied."""
+        return bool(self._pending)
+
+    @property
+    def due(self) -> bool:
+        """Something to do at this token boundary: a change waits, or the warm build is ready."""
+        return bool(self._pending) or (self._swap is not None and self._swap.ready)
+
+    def apply(self, run: Run | None) -> None:
+        """Apply the waiting changes (`run`: the answer in progress, continued in a rebuilt context)."""
         with self._lock:
             pending, self._pending = self._pending, []
         # The warm swap is done, or must be: a newer change applies on top of it, and between answers it is the
@@ -69,7 +93,7 @@ class Reconfigure:
                     self.model.set_threads(target.threads)
                 self.settings = target
                 cj.done(target, "live", time.perf_counter() - t0)
-                self.on_change()
+                self._on_change()
                 log.info("engine.config", applied="live", **target.model_dump())
                 continue
             if run is not None and self._start_swap(target, run, cj):
@@ -82,7 +106,7 @@ class Reconfigure:
             seconds = time.perf_counter() - t0
             self.counters.reloads_total += 1
             cj.done(target, "reload", seconds)
-            self.on_change()
+            self._on_change()
             log.info(
                 "engine.config",
                 applied="reload",
@@ -115,11 +139,11 @@ class Reconfigure:
                 os._exit(70)
             self._restore(saved)
             if run is not None:
-                self._resume(run)
+                self.resume(run)
             raise
         self._restore(saved)
         if run is not None:
-            self._resume(run)
+            self.resume(run)
 
     def _start_swap(self, target: EngineConfig, run: Run, cj: ConfigJob) -> bool:
         """Build `target` warm beside the answering context when it can be (governor.engine.swap)."""
@@ -159,11 +183,11 @@ class Reconfigure:
         self.counters.reloads_total += 1
         self.counters.warm_swaps_total += 1
         if run is not None:
-            self._resume(run)  # the cache holds the answer up to the swap's start: the rest is evaluated
+            self.resume(run)  # the cache holds the answer up to the swap's start: the rest is evaluated
         seconds = time.perf_counter() - swap.started
         swap.job.tokens_waited = self.counters.tokens_generated_total - swap.job.tokens_at  # answered meanwhile
         swap.job.done(swap.target, "reload", seconds)
-        self.on_change()
+        self._on_change()
         log.info("engine.config", applied="reload", warm=True, seconds=round(seconds, 3), **swap.target.model_dump())
 
     def _restore(self, saved: SavedSequence | None) -> None:
@@ -174,7 +198,7 @@ class Reconfigure:
             self.counters.cache_copies_total += 1
         log.info("engine.cache_copied" if kept else "engine.cache_not_copied", tokens=len(saved.tokens))
 
-    def _resume(self, run: Run) -> None:
+    def resume(self, run: Run) -> None:
         """Continue `run` in the new context: the same tokens when they fit, else a re-rendered, trimmed prompt."""
         m, req = self.model, run.job.request
         limit = req.token_limit()
@@ -185,7 +209,7 @@ class Reconfigure:
                 run.finish = "length"  # not even the last message and the answer so far fit: end the answer there
                 return
             if run.trimmed > trimmed:
-                self._log_trim(run, "reconfig", run.trimmed - trimmed)
+                self.log_trim(run, "reconfig", run.trimmed - trimmed)
                 run.job.sink(Trimmed(run.trimmed))
         if run.model_name != m.spec.name:
             run.model_name = m.spec.name
@@ -195,7 +219,7 @@ class Reconfigure:
         run.gen = None
         run.prefilling = True
 
-    def _generator(self, run: Run) -> Any:
+    def generator(self, run: Run) -> Any:
         """A generator that continues `run`: its grammar state is replayed from the answer's tokens so far."""
         req = run.job.request
         replay = run.ctx_tokens[run.answer_from :]
@@ -203,7 +227,7 @@ class Reconfigure:
             run.ctx_tokens, req.sampling(), req.seed, grammar=run.job.constraint.grammar, replay=replay
         )
 
-    def _log_trim(self, run: Run, when: str, delta: int) -> None:
+    def log_trim(self, run: Run, when: str, delta: int) -> None:
         self.counters.trimmed_messages_total += delta
         log.info(
             "engine.trimmed",
@@ -214,3 +238,23 @@ class Reconfigure:
             context=self._context(),
             shifted_tokens=run.shifted,
         )
+
+    def set_aside(self) -> None:
+        """Memory is needed now (a pause): a warm build's second context goes, its change waits for the next load."""
+        if self._swap is None:
+            return
+        swap, self._swap = self._swap, None
+        swap.cancel()
+        log.info("engine.swap_cancelled", why="paused", **swap.target.model_dump())
+        with self._lock:
+            self._pending.insert(0, swap.job)
+
+    def drain(self) -> list[ConfigJob]:
+        """Shutting down: every change not applied (a warm build cancelled), for the caller to refuse."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        if self._swap is not None:
+            self._swap.cancel()
+            pending.append(self._swap.job)
+            self._swap = None
+        return pending

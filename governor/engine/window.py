@@ -19,6 +19,15 @@ from governor.engine.chat import FittedPrompt, PromptTooLong, Tokenizer
 ContextShift = Literal["on", "reevaluate", "off"]  # `governor engine --context-shift`
 
 
+def context_mode(shift: ContextShift, can_shift: bool) -> str:
+    """How a chat that outgrew the context is handled now: "shift" (the kept part moves in the KV cache),
+    "reevaluate" (chunked trim, the kept part evaluated again: asked for, or the model cannot shift) or "trim"
+    (as few turns dropped as possible, re-evaluated each turn: `--context-shift off`)."""
+    if shift == "off":
+        return "trim"
+    return "shift" if shift == "on" and can_shift else "reevaluate"
+
+
 @dataclass(frozen=True)
 class Cut:
     """The last chunked trim in this context: how many non-system messages went, and the first one kept (so a cut

@@ -1,9 +1,10 @@
 """The worker thread: it alone owns the model, runs one generation at a time and applies config changes between
 tokens (live: threads, rate cap; reload: model, context, KV type, continuing the same answer in the new context).
 
-The event loop talks to it through `submit` / `configure` / `cancel`; it answers through each job's `Sink`
-(called on this thread; the sink hands events to the loop). ctypes drops the GIL during llama.cpp calls, so the
-loop keeps serving while a token is computed.
+The event loop talks to it through `submit` / `configure` / `pause` / `cancel`; it answers through each job's `Sink`
+(called on this thread). Its collaborators, each with its own state: `Slot` (the model in memory), `Reconfig` (the
+settings in force, changes between tokens), `Pause` (the memory pause), `Emits` (the pace). ctypes drops the GIL during
+llama.cpp calls, so the loop keeps serving while a token is computed.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import os
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 
 import structlog
@@ -22,17 +22,18 @@ from governor.engine.events import Ended, Failed, Last, Started, Text, stopping
 from governor.engine.extra_buffers import ExtraBuffers
 from governor.engine.jobs import ConfigJob, Counters, Job, Run, usage
 from governor.engine.model import LoadedModel, ModelLoadError, extra_buffers_for
-from governor.engine.pause import Pausing
+from governor.engine.pace import Emits, ewma
+from governor.engine.pause import Pause
 from governor.engine.prompts import prepare
+from governor.engine.reconfig import Reconfig
 from governor.engine.slot import Slot
-from governor.engine.swap import WarmSwap
-from governor.engine.window import ContextShift
+from governor.engine.window import ContextShift, context_mode
 from policies.decision import EngineConfig
 
 log = structlog.get_logger("governor.engine")
 
 
-class Worker(Pausing):
+class Worker:
     def __init__(
         self,
         models: dict[str, ModelSpec],
@@ -44,7 +45,6 @@ class Worker(Pausing):
     ) -> None:
         self.models = models
         self.context_shift = context_shift
-        self.settings = settings
         self.extra_buffers = extra_buffers or extra_buffers_for()
         self.slot = Slot(keep_alive_s, extra_buffers=self.extra_buffers.enabled)
         # Loaded here, so that a model that cannot be loaded is an error at start; warmed up on the worker thread
@@ -55,19 +55,45 @@ class Worker(Pausing):
         self.busy = False
         self.waiting = 0  # jobs queued, not yet started
         self._jobs: queue.Queue[Job | None] = queue.Queue()
-        self._pending: list[ConfigJob] = []
         self._lock = threading.Lock()
-        self._wake = threading.Event()  # cuts a rate-cap wait short
+        self._wake = threading.Event()  # cuts a rate-cap wait (and a pause) short
         self._stopping = False
-        self.paused: str | None = None  # the memory pause's reason (governor.engine.pause)
-        self._emits: deque[float] = deque(maxlen=64)
+        self.reconfig = Reconfig(
+            settings,
+            models,
+            self.slot,
+            self.counters,
+            self.extra_buffers,
+            on_change=self._changed,
+            context=self._context,
+        )
+        self._pause = Pause(
+            self.reconfig, self.slot, self._wake, stopping=lambda: self._stopping, on_change=self._changed
+        )
+        self._emits = Emits()  # when tokens left: the rate cap's pace and the delivered rate
         self._run: Run | None = None  # the generation in progress (read by the loop thread to interrupt it)
-        self._swap: WarmSwap | None = None  # a KV type change being built beside the answering context
         self._running: Job | None = None
         self.decode_tokens_per_s: float | None = None
         self.generation_s: float | None = None  # recent generation length, for Retry-After
         self.on_change: Callable[[], None] = _nothing  # busy flipped or settings changed (on this thread)
         self._thread = threading.Thread(target=self._loop, name="engine-worker", daemon=True)
+
+    @property
+    def settings(self) -> EngineConfig:
+        """The settings in force (what status shows and a partial change merges into)."""
+        return self.reconfig.settings
+
+    @property
+    def paused(self) -> str | None:
+        """Why the model is held unloaded (the daemon's memory wait); None: it runs."""
+        return self._pause.reason
+
+    @property
+    def model(self) -> LoadedModel:
+        return self.reconfig.model
+
+    def _changed(self) -> None:
+        self.on_change()
 
     # --- called from the event loop ---
 
@@ -91,8 +117,7 @@ class Worker(Pausing):
             cj.fail(ConfigRefused("the engine is shutting down", param=None, code="engine_stopping", status=503))
             return
         cj.tokens_at = self.counters.tokens_generated_total
-        with self._lock:
-            self._pending.append(cj)
+        self.reconfig.add(cj)
         self._wake.set()
         self._interrupt_prefill()
         self._jobs.put(None)  # wakes an idle worker (a spurious wake-up when busy is harmless)
@@ -104,7 +129,7 @@ class Worker(Pausing):
         stopped (its context evaluated again, as after a reload); an idle engine loads at its next request."""
         if self._stopping or reason == self.paused:
             return
-        self.paused = reason
+        self._pause.reason = reason
         log.info("engine.pause" if reason is not None else "engine.resume", reason=reason)
         self._wake.set()
         self._interrupt_prefill()
@@ -137,12 +162,8 @@ class Worker(Pausing):
         self._thread.join(timeout_s)
 
     def tokens_per_s(self, window_s: float = 2.0) -> float:
-        """Tokens delivered per second over the last `window_s` (at most 64 tokens); 0 when fewer than 2 came."""
-        now = time.monotonic()
-        recent = [t for t in list(self._emits) if now - t <= window_s]
-        if len(recent) < 2:
-            return 0.0
-        return (len(recent) - 1) / max(recent[-1] - recent[0], 1e-9)
+        """Tokens delivered per second over the last `window_s` (governor.engine.pace)."""
+        return self._emits.tokens_per_s(window_s)
 
     # --- the worker thread ---
 
@@ -156,12 +177,12 @@ class Worker(Pausing):
             self.warm.set()
             while True:
                 if self.paused is not None and not self._stopping:
-                    self._hold(None, None)  # requests wait in the queue
+                    self._pause.hold(None, None)  # requests wait in the queue
                     continue
                 try:
                     job = self._jobs.get(timeout=self.slot.idle_wait())
                 except queue.Empty:  # idle for keep_alive_s: give the memory back
-                    self._apply_pending(None)
+                    self.reconfig.apply(None)
                     if self._jobs.empty() and not self._stopping:
                         self.slot.unload(why="idle")
                     continue
@@ -172,7 +193,7 @@ class Worker(Pausing):
                     if job is not None:
                         job.sink(stopping())
                     break
-                self._apply_pending(None)
+                self.reconfig.apply(None)
                 if job is None:
                     continue
                 if job.cancelled.is_set():
@@ -180,7 +201,7 @@ class Worker(Pausing):
                     job.sink(Ended("cancelled", usage(0, 0)))
                     continue
                 self._serve(job)
-                self._apply_pending(None)  # a change that came during the answer, or a warm swap still building
+                self.reconfig.apply(None)  # a change that came during the answer, or a warm swap still building
         except BaseException:
             # Only a model that can be neither rebuilt nor restored gets here: exit so that the daemon restarts us.
             log.exception("engine.worker_died")
@@ -228,12 +249,7 @@ class Worker(Pausing):
                 break
             if job is not None:
                 job.sink(stopping())
-        with self._lock:
-            pending, self._pending = self._pending, []
-        if self._swap is not None:
-            self._swap.cancel()
-            pending.append(self._swap.job)
-        for cj in pending:
+        for cj in self.reconfig.drain():
             cj.fail(ConfigRefused("the engine is shutting down", param=None, code="engine_stopping", status=503))
 
     def _generate(self, job: Job) -> Last:
@@ -251,7 +267,7 @@ class Worker(Pausing):
                 self.counters.context_shifts_total += 1
                 self.counters.shifted_tokens_total += run.shifted
         if run.trimmed:
-            self._log_trim(run, "request", run.trimmed)
+            self.reconfig.log_trim(run, "request", run.trimmed)
         self.counters.prompt_tokens_total += run.n_prompt
         run.evaluated_from = m.evaluated
         job.sink(Started(m.spec.name, run.n_prompt, run.trimmed))
@@ -297,33 +313,27 @@ class Worker(Pausing):
         return Ended(run.finish, usage(run.n_prompt, run.n_completion), info)
 
     def _context(self) -> str:
-        """How a chat that outgrew the context is handled now: "shift" (the kept part moves in the KV cache),
-        "reevaluate" (chunked trim, the kept part evaluated again: asked for, or the model cannot shift) or "trim"
-        (as few turns dropped as possible, re-evaluated each turn: `--context-shift off`)."""
-        if self.context_shift == "off":
-            return "trim"
-        if self.context_shift == "on" and self.slot.current is not None and self.slot.current.can_shift:
-            return "shift"
-        return "reevaluate"
+        """How a chat that outgrew the context is handled now (governor.engine.window.context_mode)."""
+        return context_mode(self.context_shift, self.slot.current is not None and self.slot.current.can_shift)
 
     def _decode(self, run: Run) -> None:
         job, limit = run.job, run.job.request.token_limit()
         while True:
-            if self._pending or (self._swap is not None and self._swap.ready):
-                self._apply_pending(run)
+            if self.reconfig.due:
+                self.reconfig.apply(run)
             if run.finish is not None:
                 return
             if job.cancelled.is_set() or self._stopping:
                 run.finish = "cancelled" if job.cancelled.is_set() else "length"
                 return
-            if self._pause_point(run):
+            if self._pause.point(run):
                 continue
             m = self.model
             if (limit is not None and run.n_completion >= limit) or len(run.ctx_tokens) >= m.n_ctx:
                 run.finish = "length"
                 return
             if run.gen is None:  # after a reload, or a prefill that was interrupted
-                run.gen = self._generator(run)
+                run.gen = self.reconfig.generator(run)
                 run.prefilling = True
             t0 = time.perf_counter()
             try:
@@ -343,7 +353,7 @@ class Worker(Pausing):
                 continue
             t1 = time.perf_counter()
             if run.n_completion:  # the first call also evaluated the prompt
-                self.decode_tokens_per_s = _ewma(self.decode_tokens_per_s, t1 - t0)
+                self.decode_tokens_per_s = ewma(self.decode_tokens_per_s, t1 - t0)
                 run.decoded_one(t1 - t0)
             eog, data = m.token(token)
             # With a grammar, an end token means the output is complete (the grammar allows nothing else then).
@@ -359,7 +369,7 @@ class Worker(Pausing):
                 self._pace(run)
             if text:
                 job.sink(Text(text))
-            self._emits.append(time.monotonic())
+            self._emits.mark()
             if run.text.stopped:
                 run.finish = "stop"
                 return
@@ -374,21 +384,16 @@ class Worker(Pausing):
         """Hold the token until 1/cap after the previous one; a config change or cancel cuts the wait short."""
         while True:
             cap = self.settings.max_tokens_per_s
-            if cap is None or not self._emits or run.job.cancelled.is_set() or self._stopping or self.paused:
+            if cap is None or run.job.cancelled.is_set() or self._stopping or self.paused:
                 return
-            wait = self._emits[-1] + 1 / cap - time.monotonic()
+            wait = self._emits.wait_s(cap)
             if wait <= 0:
                 return
             self._wake.wait(wait)
             self._wake.clear()
-            if self._pending:
-                self._apply_pending(run)
+            if self.reconfig.waiting:
+                self.reconfig.apply(run)
 
 
 def _nothing() -> None:
     pass
-
-
-def _ewma(rate: float | None, dt: float, alpha: float = 0.1) -> float:
-    now = 1 / max(dt, 1e-9)
-    return now if rate is None else (1 - alpha) * rate + alpha * now
