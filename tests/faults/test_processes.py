@@ -74,9 +74,13 @@ def test_a_failed_start_at_the_fd_limit_is_retried(victim: DaemonProc) -> None:
     the engine comes back once descriptors are free again."""
     daemon = victim.proc.pid
     soft, hard = resource.prlimit(daemon, resource.RLIMIT_NOFILE)
-    used = len(os.listdir(f"/proc/{daemon}/fd"))
     pid = engine_pid(victim)
-    resource.prlimit(daemon, resource.RLIMIT_NOFILE, (used, hard))
+    # The limit is the lowest free descriptor number: every number below it is held since start-up (standard streams,
+    # the log, the listening sockets), so descriptors the daemon closes when the engine dies (its pipes, connections)
+    # free nothing it may use. A limit of "how many are open" raced with those closes and let the restart through.
+    held = {int(fd) for fd in os.listdir(f"/proc/{daemon}/fd")}
+    lowest_free = min(set(range(len(held) + 1)) - held)
+    resource.prlimit(daemon, resource.RLIMIT_NOFILE, (lowest_free, hard))
     try:
         os.kill(pid, signal.SIGKILL)
         # Meanwhile the control socket cannot accept either: the daemon's log is where to look.
