@@ -24,6 +24,22 @@ STOPS = frozenset({signal.SIGTERM, signal.SIGINT})
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
+class EarlyHangups:
+    """A SIGHUP while the daemon starts up (before `SignalInbox.install`) is remembered, not fatal: its default action
+    ends the process, and a reload asked during a restart (`pkill -HUP governor`, a storm) killed the daemon before it
+    served. `SignalInbox.install` takes the remembered one over as pending, so the reload it asked for happens."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGHUP, self)
+
+    def __call__(self, _signum: int, _frame: FrameType | None) -> None:
+        self.seen = True
+
+
 class SignalInbox:
     def __init__(self, wake: Wake, *, on_again: Callable[[], None] = lambda: None) -> None:
         self._wake = wake
@@ -38,7 +54,9 @@ class SignalInbox:
         if threading.current_thread() is not threading.main_thread():
             return False
         for signum in HANDLED:
-            signal.signal(signum, self._record)
+            before = signal.signal(signum, self._record)
+            if isinstance(before, EarlyHangups) and before.seen:
+                self._record(signum, None)
         self._installed = True
         return True
 
