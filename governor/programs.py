@@ -14,6 +14,11 @@ from pathlib import Path
 
 from govbase.errors import GovernorError
 
+NO_LLAMA_CPP = (
+    "the built-in engine needs llama-cpp-python, which is not installed: pip install 'inference-governor[engine]', "
+    "or serve with llama.cpp's own server (governor run --engine llama-server; docs/engines.md)"
+)
+
 
 class ProgramNotFound(GovernorError):
     pass

@@ -7,6 +7,7 @@ sd_notify, metrics and the recorder feed. Time is injected: the lab runs the sam
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import stat
@@ -28,6 +29,7 @@ from governor.daemon.engine import SupervisedEngine
 from governor.daemon.freqcap import FreqCap
 from governor.daemon.holds import HoldRegistry
 from governor.daemon.llamacpp import LlamaCppPython
+from governor.daemon.llamaserver import LlamaServer
 from governor.daemon.metrics import DaemonMetrics
 from governor.daemon.notify import Notifier
 from governor.daemon.runtime import Daemon
@@ -36,6 +38,7 @@ from governor.daemon.supervisor import EngineSupervisor, SupervisedDecider
 from governor.daemon.watch import EngineWatch
 from governor.engine.client import EngineUnavailable
 from governor.loop import Decider, GovernorLoop
+from governor.programs import NO_LLAMA_CPP, find_program
 from governor.unixsock import check_private_dir
 from policies.ladder import ModelLadder, load_ladder
 from policies.schema import EngineOptions
@@ -131,6 +134,28 @@ def make_router(
     return build_router(config.upstream, env, policy=policy, engine_status=engine_status, metrics=metrics)
 
 
+Driver = LlamaCppPython | LlamaServer
+
+
+def make_driver(
+    config: DaemonConfig,
+    ladder: ModelLadder,
+    ladder_file: Path,
+    *,
+    options: Callable[[], EngineOptions],
+    pid: Callable[[], int | None],
+) -> Driver:
+    """The config's engine (docs/engines.md): its absence is a one-line error at start, not a crash loop."""
+    if config.engine == "llama-server":
+        slots = config.state_dir / "llama-server-slots"  # the conversation across restarts: the daemon's alone
+        slots.mkdir(mode=0o700, exist_ok=True)
+        program = find_program("llama-server", config.llama_server)
+        return LlamaServer(program, ladder, config.engine_child_socket, slots, options=options, pid=pid)
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise GovernorError(NO_LLAMA_CPP)
+    return LlamaCppPython(ladder_file, config.engine_child_socket, drain_s=config.drain_timeout_s, options=options)
+
+
 def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str, str] | None = None) -> Daemon:
     clock = clock if clock is not None else RealClock()
     env = os.environ if env is None else env
@@ -153,11 +178,8 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
 
     state = DaemonState()
     # The engine's driver: the daemon's own link skips the proxy; the policy in force when the engine (re)starts.
-    driver = LlamaCppPython(
-        lpath,
-        config.engine_child_socket,
-        drain_s=config.drain_timeout_s,
-        options=lambda: engine_options(decider.inner),
+    driver = make_driver(
+        config, ladder, lpath, options=lambda: engine_options(decider.inner), pid=lambda: supervisor.pid
     )
     log = structlog.get_logger("governor.daemon")
     wake = Wake()  # the loop's: the supervisor, the engine's news, holds and udev events tick it now
@@ -237,6 +259,7 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
         drain_s=math.ceil(config.drain_timeout_s + config.stop_timeout_s),
         group=config.group,
         router=router,
+        pace=driver.pace if isinstance(driver, LlamaServer) else None,
     )
     return Daemon(
         config=config,

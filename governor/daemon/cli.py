@@ -86,6 +86,9 @@ def run_daemon(args: argparse.Namespace) -> int:
         "group": args.group,
         "metrics_textfile": args.metrics_textfile,
         "udev": False if args.no_udev else None,
+        "engine": args.engine,
+        "llama_server": args.llama_server,
+        "engine_url": args.engine_url,
     }
     return build(load_config(args.config, overrides)).run()
 
@@ -230,6 +233,14 @@ def add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argpars
     run.add_argument("--group", help="let this group use the control socket (mode 0660 instead of 0600)")
     run.add_argument("--metrics-textfile", type=Path, help="also write Prometheus metrics to this node_exporter file")
     run.add_argument("--no-udev", action="store_true", help="do not watch udev events; poll only")
+    run.add_argument(
+        "--engine",
+        choices=["llama-cpp-python", "llama-server", "external"],
+        help="what serves the tokens: the built-in llama-cpp-python child (default), llama.cpp's own llama-server, "
+        "or a server you run (--engine-url); docs/engines.md",
+    )
+    run.add_argument("--llama-server", type=Path, help="the llama-server program (default: on the PATH)")
+    run.add_argument("--engine-url", help="--engine external: its base URL, e.g. http://127.0.0.1:11434")
     run.set_defaults(func=_run)
     return run
 

@@ -9,6 +9,8 @@
     state_dir = "/var/lib/governor"
     group = "governor"                 # absent: sockets are 0600 (owner only); set: 0660 for this group
     metrics_textfile = "/var/lib/node_exporter/textfile/governor.prom"
+    engine = "llama-server"            # or "llama-cpp-python" (built in, the default), "external" (docs/engines.md)
+    llama_server = "/usr/bin/llama-server"  # optional: found on the PATH, then beside python
     [restart]
     initial_s = 1.0
     max_s = 60.0
@@ -29,7 +31,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -122,6 +124,17 @@ class DaemonConfig(BaseModel):
     request_hold_s: float = Field(default=10.0, ge=0, le=600)  # a request waits this long for a (re)starting engine
     restart: RestartPolicy = RestartPolicy()
     upstream: tuple[Upstream, ...] = Field(default=(), max_length=32, strict=False)  # TOML [[upstream]]
+    # What serves the tokens (docs/engines.md): the built-in llama-cpp-python child, llama.cpp's own llama-server
+    # (the program: `llama_server`, default found on the PATH then beside python), or a server the user runs.
+    engine: Literal["llama-cpp-python", "llama-server", "external"] = "llama-cpp-python"
+    llama_server: Path | None = Field(default=None, strict=False)
+    engine_url: str | None = Field(default=None, min_length=1, max_length=2000)  # engine = "external"
+
+    @model_validator(mode="after")
+    def _engine_url(self) -> DaemonConfig:
+        if (self.engine == "external") != (self.engine_url is not None):
+            raise ValueError('engine_url is what an external engine needs, and only it (engine = "external")')
+        return self
 
     @field_validator("upstream")
     @classmethod

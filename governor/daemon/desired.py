@@ -39,6 +39,8 @@ class EngineLink(Protocol):
 
     def pause(self, reason: str | None) -> None: ...
 
+    def prepare_restart(self, config: EngineConfig) -> None: ...
+
 
 class DesiredEngine:
     def __init__(self, link: EngineLink) -> None:
@@ -149,7 +151,11 @@ class DesiredEngine:
                     and self.link.capabilities.how(running, config) == "restart"
                 ):
                     self._log.info("restarting the engine for settings it cannot change running", **config.model_dump())
+                    self._prepare(config)  # e.g. llama-server saves the conversation (after the answer in progress)
                     restart()  # it starts again with the config asked for then; ready, it is sent again
+                    with self._cond:
+                        if self._engine == engine:  # it is stopping: nothing more goes to it (a newer config
+                            self._engine, self._running = None, None  # waits for the next engine's start)
                     continue
                 if pause != told:
                     self._tell(pause)
@@ -160,6 +166,12 @@ class DesiredEngine:
             finally:
                 with self._cond:
                     self._in_flight = False
+
+    def _prepare(self, config: EngineConfig) -> None:
+        try:
+            self.link.prepare_restart(config)
+        except (GovernorError, OSError) as exc:  # the restart goes ahead: the conversation is evaluated again
+            self._log.warning("engine not prepared for its restart", error=str(exc))
 
     def _tell(self, pause: str | None) -> None:
         try:

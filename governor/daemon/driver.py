@@ -11,7 +11,8 @@ for one kind of engine, how each of these is done:
 - `wait_ready`, `events`, `interrupt_streams`, `observe`: how it says it answers and what it is doing
   (`EngineStatus`: its settings plus what it is doing; the status stream is also the liveness signal).
 - `apply(config)`: the one idempotent message, the whole config (sent only by governor.daemon.desired);
-  `pause(reason)`: hold the model unloaded while nothing fits in memory.
+  `pause(reason)`: hold the model unloaded while nothing fits in memory; `prepare_restart(config)`: the engine is
+  about to be restarted to run `config`, keep what can be kept (llama-server saves the conversation's KV cache).
 
 The llama-cpp-python child (`governor engine`, governor.daemon.llamacpp) is the first driver. llama.cpp's own
 `llama-server` fits as a managed engine whose settings need a restart (and whose rate cap is paced by the proxy);
@@ -83,5 +84,7 @@ class EngineDriver(Protocol):
     def apply(self, config: EngineConfig) -> None: ...
 
     def pause(self, reason: str | None) -> None: ...
+
+    def prepare_restart(self, config: EngineConfig) -> None: ...
 
     def close(self) -> None: ...

@@ -109,5 +109,8 @@ class LlamaCppPython:
     def pause(self, reason: str | None) -> None:
         self.client.pause(reason)
 
+    def prepare_restart(self, config: EngineConfig) -> None:
+        """Never called: it changes every setting in place (its capabilities have nothing that needs a restart)."""
+
     def close(self) -> None:
         self.client.close()

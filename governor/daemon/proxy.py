@@ -30,10 +30,12 @@ import structlog
 
 from govbase.errors import GovernorError
 from governor.daemon import upstream as routed
+from governor.daemon.pacing import Pace
 from governor.daemon.proxylink import (
     LOCAL,
     Broken,
     EngineLink,
+    Message,
     Receive,
     Send,
     disconnected,
@@ -50,8 +52,15 @@ UpstreamRequest = tuple[bytes, bytes, list[tuple[bytes, bytes]], bytes]  # metho
 POLL_S = 0.05  # how often a held request looks at the engine's availability
 DEATH_WAIT_S = 3.0  # after the upstream connection broke, how long to wait for the supervisor's word on why
 PRIVATE_PATHS = frozenset({"/engine/pause", "/engine/config"})  # engine paths the public socket does not pass on
+# llama-server's slot actions and settings: saving, restoring and erasing the conversation the governor keeps across
+# restarts, writing files into its directory (POST /slots/0?action=save), changing its properties
+PRIVATE_PREFIXES = ("/slots", "/props")
 MAX_BODY = 16 * 2**20  # the proxy's own bound (the engine's limits per path are lower and answer for themselves)
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
+def _more(data: bytes) -> Message:
+    return {"type": "http.response.body", "body": data, "more_body": True}
 
 
 class ProxyError(GovernorError):
@@ -78,8 +87,11 @@ class EngineGate(Protocol):
 class ProxyApp:
     """The ASGI app: every request on the public socket goes to the engine's private socket, or gets a clear 5xx."""
 
-    def __init__(self, upstream: Path, gate: EngineGate, *, hold_s: float, router: Router | None = None) -> None:
-        self.upstream, self.gate, self.hold_s = upstream, gate, hold_s
+    def __init__(
+        self, upstream: Path, gate: EngineGate, *, hold_s: float, router: Router | None = None, pace: Pace | None = None
+    ) -> None:
+        """`pace`: the rate cap of an engine that cannot hold its own tokens (llama-server), paced here."""
+        self.upstream, self.gate, self.hold_s, self.pace = upstream, gate, hold_s, pace
         self.router = router if router is not None and router.enabled else None
         self._log = structlog.get_logger("governor.proxy")
 
@@ -112,7 +124,8 @@ class ProxyApp:
             return
         if body is None:
             return  # the client left before it finished sending
-        if scope["path"].rstrip("/") in PRIVATE_PATHS:
+        path = scope["path"].rstrip("/")
+        if path in PRIVATE_PATHS or (scope["method"] != "GET" and path.startswith(PRIVATE_PREFIXES)):
             # The engine's settings and its memory pause are the daemon's to set: a client on the public socket (any
             # member of its group) could otherwise keep the engine unloaded, or reloading, with a request a second.
             await send_error(
@@ -313,7 +326,10 @@ class ProxyApp:
             if self.router is not None and info is not None:
                 self.router.local_ttft(info.prompt_tokens, loop.time() - began, idle=idle)
         try:
-            await upstream.relay(lambda data: send({"type": "http.response.body", "body": data, "more_body": True}))
+            if self.pace is not None and self.pace.active:
+                await self.pace.relay(upstream.body, lambda data: send(_more(data)))
+            else:
+                await upstream.relay(lambda data: send(_more(data)))
         except Broken as exc:
             error = b"data: " + error_body(await self._died(start, exc), "engine_died") + b"\n\ndata: [DONE]\n\n"
             await send({"type": "http.response.body", "body": error, "more_body": False})

@@ -15,6 +15,7 @@ import uvicorn
 
 from governor import unixsock
 from governor.daemon.connguard import Guard
+from governor.daemon.pacing import Pace
 from governor.daemon.proxy import EngineGate, ProxyApp, ProxyError
 from governor.daemon.routing import Router
 
@@ -45,6 +46,7 @@ class ProxyServer:
         drain_s: int,
         group: str | None = None,
         router: Router | None = None,
+        pace: Pace | None = None,
     ) -> None:
         self.path = path
         if len(os.fsencode(path)) >= 108 or len(os.fsencode(upstream)) >= 108:
@@ -60,7 +62,7 @@ class ProxyServer:
             os.chown(path, -1, gid)
         self._sock.listen(128)  # connections wait in the backlog until uvicorn runs: never refused once it exists
         self._inode = os.stat(path).st_ino
-        self.app = ProxyApp(upstream, gate, hold_s=hold_s, router=router)
+        self.app = ProxyApp(upstream, gate, hold_s=hold_s, router=router, pace=pace)
         self.guard = Guard()
         config = uvicorn.Config(
             self.app,

@@ -38,6 +38,7 @@ from governor.engine.config import (
     single_model,
 )
 from governor.engine.window import ContextShift
+from governor.programs import NO_LLAMA_CPP
 from policies.decision import KNOBS, THREADS_MAX, EngineConfig, flag_of
 from policies.ladder import ExtraBuffersMode
 from sensors.root import Root
@@ -47,12 +48,6 @@ if TYPE_CHECKING:
     from governor.engine.worker import Worker
 
 log = structlog.get_logger("governor.engine")
-
-
-NO_LLAMA_CPP = (
-    "the built-in engine needs llama-cpp-python, which is not installed: pip install 'inference-governor[engine]', "
-    "or serve with llama.cpp's own server (governor run --engine llama-server; docs/engines.md)"
-)
 
 
 class EngineError(GovernorError):

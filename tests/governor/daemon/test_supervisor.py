@@ -79,6 +79,7 @@ class Harness:
     ) -> None:
         self.started: list[EngineConfig] = []
         self.configured: list[EngineConfig] = []
+        self.prepared: list[EngineConfig] = []  # what the driver was told it is restarted to run
         self.snapshot = snapshot
         self.kernel_log: str | None = None  # dmesg unreadable, unless a test says otherwise
 
@@ -100,6 +101,9 @@ class Harness:
 
             def pause(self, reason: str | None) -> None:
                 del reason
+
+            def prepare_restart(self, config: EngineConfig) -> None:
+                harness.prepared.append(config)
 
         self.desired = DesiredEngine(Link())
         self.supervisor = EngineSupervisor(
@@ -193,6 +197,7 @@ def test_a_setting_the_driver_changes_only_by_a_restart_restarts_the_engine_with
         eventually(lambda: h.supervisor.status.starts == 2 and h.supervisor.ready)
         assert h.supervisor.pid != pid
         assert h.started == [LARGE, two]
+        assert h.prepared == [two]  # the driver kept what it could first (llama-server: its slot)
         assert (h.supervisor.status.failures, h.supervisor.status.last_exit) == (0, None)  # not a death
         eventually(lambda: h.configured == [LARGE, capped, two])
         assert h.desired.status()["driver"]["restart"] == ["threads", "n_ctx", "kv_type", "model", "n_batch"]

@@ -105,6 +105,9 @@ class NoRssEngine:
     def pause(self, reason: str | None) -> None:
         del reason
 
+    def prepare_restart(self, config: EngineConfig) -> None:
+        del config
+
 
 class PauseRecorder(NoRssEngine):
     """An engine link that records what it was told, and on which thread."""
