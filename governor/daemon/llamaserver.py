@@ -185,7 +185,7 @@ class LlamaServer:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                self._request("GET", "/health")
+                self.request("GET", "/health")
                 break
             except EngineError as exc:
                 if time.monotonic() > deadline:
@@ -207,7 +207,7 @@ class LlamaServer:
         if running is None:
             return
         try:
-            self._request("POST", f"/slots/{SLOT}?action=save", json={"filename": SLOT_FILE}, timeout_s=SAVE_TIMEOUT_S)
+            self.request("POST", f"/slots/{SLOT}?action=save", json={"filename": SLOT_FILE}, timeout_s=SAVE_TIMEOUT_S)
         except EngineError as exc:
             self._log.warning("slot not saved; the conversation will be evaluated again", error=exc.reason)
             self._saved = None
@@ -216,7 +216,7 @@ class LlamaServer:
         text = None
         if tokens:  # as text too: the next server may run another model (the config can change before it starts)
             with contextlib.suppress(EngineError, KeyError, TypeError):
-                text = str(self._request("POST", "/detokenize", json={"tokens": list(tokens)}).json()["content"])
+                text = str(self.request("POST", "/detokenize", json={"tokens": list(tokens)}).json()["content"])
         self._saved = Saved(running, self._flash_attn(running), tokens, text)
         self._log.info("slot saved", tokens=None if tokens is None else len(tokens), model=running.model)
 
@@ -227,7 +227,7 @@ class LlamaServer:
             return
         if saved.restorable(running, self._flash_attn(running)):
             try:
-                answer = self._request(
+                answer = self.request(
                     "POST", f"/slots/{SLOT}?action=restore", json={"filename": SLOT_FILE}, timeout_s=SAVE_TIMEOUT_S
                 ).json()
                 self.restores += 1
@@ -244,7 +244,7 @@ class LlamaServer:
         """The conversation evaluated into the new server's cache (`n_predict` 0: nothing generated)."""
         body = {"prompt": prompt, "n_predict": 0, "cache_prompt": True, "id_slot": SLOT}
         try:
-            answer = self._request("POST", "/completion", json=body, timeout_s=SAVE_TIMEOUT_S).json()
+            answer = self.request("POST", "/completion", json=body, timeout_s=SAVE_TIMEOUT_S).json()
         except EngineError as exc:
             self._log.warning("conversation not evaluated again; the next turn will", error=exc.reason)
             return
@@ -253,7 +253,7 @@ class LlamaServer:
 
     # -- what it does -----------------------------------------------------------------------------------------------
     def status(self) -> EngineStatus:
-        slots = self._request("GET", "/slots").json()
+        slots = self.request("GET", "/slots").json()
         try:
             slot = next(s for s in slots if s.get("id") == SLOT)
         except (StopIteration, TypeError, AttributeError) as exc:
@@ -343,9 +343,7 @@ class LlamaServer:
         self._http.close()
 
     # -- plumbing ---------------------------------------------------------------------------------------------------
-    def _request(
-        self, method: str, path: str, *, json: object = None, timeout_s: float | None = None
-    ) -> httpx.Response:
+    def request(self, method: str, path: str, *, json: object = None, timeout_s: float | None = None) -> httpx.Response:
         timeout = httpx.Timeout(timeout_s if timeout_s is not None else self.timeout_s, connect=self.timeout_s)
         try:
             response = self._http.request(method, path, json=json, timeout=timeout)

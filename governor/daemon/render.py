@@ -102,6 +102,20 @@ def _supervisor_says(sup: dict[str, Any]) -> str | None:
     return None
 
 
+def _driver(driver: dict[str, Any]) -> str:
+    """ "llama-server: changes live max_tokens_per_s; by a restart threads, n_ctx, ..." (what governs it, and how)."""
+    parts = [f"{how} {', '.join(driver[key])}" for key, how in DRIVER_HOW if driver.get(key)]
+    return safe(f"{driver.get('engine')}: " + "; ".join(parts or ["changes nothing"]))
+
+
+DRIVER_HOW = (
+    ("live", "changes live"),
+    ("reload", "in place"),
+    ("restart", "by a restart"),
+    ("cannot", "cannot change"),
+)
+
+
 def status_table(status: dict[str, Any], console: Console, now: float | None = None) -> None:
     now = time.time() if now is None else now
     head = Table.grid(padding=(0, 2))
@@ -135,6 +149,9 @@ def status_table(status: dict[str, Any], console: Console, now: float | None = N
             + (f" ({safe(sup['last_exit'])})" if sup.get("last_exit") else "")
             + ("" if retry is None else f"; restarting in {retry:.0f} s"),
         )
+    driver = ((status.get("actuators") or {}).get("engine") or {}).get("driver")
+    if driver:
+        head.add_row("engine kind", _driver(driver))
     said = _supervisor_says(sup)
     if said:
         head.add_row("supervisor", said)

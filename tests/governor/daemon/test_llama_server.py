@@ -87,7 +87,8 @@ def restarted_with(d: DaemonProc, starts: int, flag: str, value: str) -> dict[st
 
     def check() -> dict[str, Any]:
         status = d.status()
-        assert status["supervisor"]["starts"] > starts and status["supervisor"]["ready"], status["supervisor"]
+        assert status["supervisor"]["starts"] > starts, status["supervisor"]
+        assert status["supervisor"]["ready"], status["supervisor"]
         argv = Path(f"/proc/{status['supervisor']['pid']}/cmdline").read_bytes().split(b"\0")
         assert argv[argv.index(flag.encode()) + 1] == value.encode(), argv
         return status
@@ -125,7 +126,8 @@ def test_a_chat_survives_threads_context_kv_and_model_changes(server: DaemonProc
     t = change_and_turn(QUESTIONS[1], "--threads", "1", max_threads=1)
     assert cached(t["answer"]) >= t["before"] - 2
     restored = events_named(d, "slot restored")
-    assert restored and restored[-1]["tokens"] >= t["before"] - 2
+    assert restored
+    assert restored[-1]["tokens"] >= t["before"] - 2
 
     # n_ctx 2048 -> 1024: the conversation fits, the slot is restored into the smaller context
     t = change_and_turn(QUESTIONS[2], "--ctx-size", "1024", max_ctx=1024)

@@ -203,3 +203,17 @@ def test_a_given_up_crash_loop_says_what_to_do() -> None:
         "given up: engine crashes: SIGSEGV during load of tier large, 3 times in 7 s (governor reload tries again)"
         in flat
     )
+
+
+def test_the_engine_kind_and_how_it_takes_each_setting() -> None:
+    llama_server = {"engine": "llama-server", "managed": True, "live": ["max_tokens_per_s"], "reload": [],
+                    "restart": ["threads", "n_ctx", "kv_type", "model", "n_batch"]}  # fmt: skip
+    external = {"engine": "external (Ollama)", "managed": False, "live": ["max_tokens_per_s", "threads"], "reload": [],
+                "restart": [], "cannot": ["kv_type", "n_batch"]}  # fmt: skip
+
+    for driver, line in (
+        (llama_server, "llama-server: changes live max_tokens_per_s; by a restart threads, n_ctx, kv_type, model, "),
+        (external, "external (Ollama): changes live max_tokens_per_s, threads; cannot change kv_type, n_batch"),
+    ):
+        text = shown({"state": "idle", "since": NOW, "config": CONFIG, "actuators": {"engine": {"driver": driver}}})
+        assert line in " ".join(text.split())
