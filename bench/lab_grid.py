@@ -8,7 +8,9 @@ asked (the engine loaded and idle, the other programs as they are), i.e. what no
 away; a throttling or peak miss where the world alone throttles more than the goal allows, or passes the trip, is marked
 "world-bound", and a tokens miss where `none` leads only by the tokens of answers the kernel killed mid-stream (they
 were streamed, then the client got an error) says so.
-Usage: .venv/bin/python bench/lab_grid.py [--workload W ...] [--device D ...] [--jobs N]
+`--engine llama-server` runs every cell on llama.cpp's own server instead of the built-in engine (issue 30): a setting
+change restarts it (slot restored where llama.cpp can), so the same policies pay what a change costs there.
+Usage: .venv/bin/python bench/lab_grid.py [--workload W ...] [--device D ...] [--engine E] [--jobs N]
 """
 
 from __future__ import annotations
@@ -40,10 +42,10 @@ MAX_THROTTLED_PCT = 2.0
 WORLD = "world"  # a job's policy: `none` with no question asked
 
 
-def one(job: tuple[str, str, str]) -> Summary:
-    device_name, policy_name, workload_name = job
+def one(job: tuple[str, str, str, str | None]) -> Summary:
+    device_name, policy_name, workload_name, engine = job
     logs.configure(level=logging.WARNING)  # the loop logs every state change
-    device = load_device(device_name)
+    device = load_device(device_name, engine)
     workload = load_workload(workload_name)
     if policy_name == WORLD:
         workload, policy_name = workload.without_questions(), NONE
@@ -69,9 +71,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", nargs="+", default=list(DEVICE_POLICY), choices=list(DEVICE_POLICY))
     ap.add_argument("--workload", nargs="+", default=WORKLOADS, choices=shipped("workloads"))
+    ap.add_argument("--engine", choices=["llama-cpp-python", "llama-server"], help="default: each device file's")
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()
-    jobs = [(d, p, w) for d in args.device for w in args.workload for p in (NONE, WORLD, DEVICE_POLICY[d], "default")]
+    policies = (NONE, WORLD)
+    jobs = [
+        (d, p, w, args.engine)
+        for d in args.device
+        for w in args.workload
+        for p in (*policies, DEVICE_POLICY[d], "default")
+    ]
     with ProcessPoolExecutor(args.jobs) as pool:
         results = dict(zip(jobs, pool.map(one, jobs), strict=True))
     print(
@@ -83,7 +92,7 @@ def main() -> int:
     for d in args.device:
         for p in (DEVICE_POLICY[d], "default"):
             for w in args.workload:
-                s, none, world = results[(d, p, w)], results[(d, NONE, w)], results[(d, WORLD, w)]
+                s, none, world = (results[(d, q, w, args.engine)] for q in (p, NONE, WORLD))
                 jt = "-" if s.j_per_token is None or not none.j_per_token else f"{s.j_per_token / none.j_per_token:.3f}"
                 bad = misses(s, none, world)
                 failed += bool(bad)

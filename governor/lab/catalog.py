@@ -10,8 +10,17 @@ from governor.lab.files import LabFileError, load_model, resolve
 from governor.lab.fleet import parse_name
 
 
-def load_device(name_or_file: str | Path) -> DeviceSpec:
-    name = str(name_or_file)
+def load_device(name_or_file: str | Path, engine: str | None = None) -> DeviceSpec:
+    """A device by name (shipped, a file or fleet:SEED:INDEX); `engine` replaces its engine's kind (llama-server)."""
+    device = _load(str(name_or_file))
+    if engine is None:
+        return device
+    return device.model_copy(
+        update={"engine": device.engine.model_validate({**device.engine.model_dump(), "kind": engine})}
+    )
+
+
+def _load(name: str) -> DeviceSpec:
     if name.startswith("fleet:"):
         try:
             device = parse_name(name)

@@ -27,6 +27,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="a shipped policy, a policy file, `none` (ungoverned) or `constant:threads=N,freq=R` (fixed setting)",
     )
     p.add_argument("--workload", default="long-chat", help=f"a shipped workload ({workloads}) or a file")
+    p.add_argument(
+        "--engine",
+        choices=["llama-cpp-python", "llama-server"],
+        help="the engine it runs (default: the device file's): llama-server changes settings by a restart",
+    )
     p.add_argument("--minutes", type=float, help="simulated minutes (default: the workload's length)")
     p.add_argument("--seed", type=int, help="override the workload's seed")
     p.add_argument("--json", action="store_true", help="print the summary (or one per policy) as JSON")
@@ -82,7 +87,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from governor.lab.workload import load_workload
 
     _quiet(args)
-    device = load_device(args.device)
+    device = load_device(args.device, args.engine)
     workload = load_workload(args.workload)
     names = [args.policy]
     if args.compare:

@@ -110,11 +110,15 @@ class SimModelSpec(Spec):
 
 
 class EngineSpec(Spec):
+    # What serves the tokens (docs/engines.md): the built-in engine changes threads live and every other setting in
+    # place; llama-server only by a restart (the slot saved and restored where llama.cpp can, else re-evaluated).
+    kind: Literal["llama-cpp-python", "llama-server"] = "llama-cpp-python"
     bandwidth_gb_s: float = Field(gt=0)  # sustained memory bandwidth the decode loop gets
     load_mb_s: float = Field(default=200.0, gt=0)  # storage read speed the first time a model is loaded
     cached_load_mb_s: float = Field(default=3000.0, gt=0)  # mmap of a model still in the page cache (a reload)
     context_s: float = Field(default=0.3, ge=0)  # building a new context (KV cache, compute buffers)
     restart_s: float = Field(default=2.0, ge=0)  # process start after an OOM kill, before the load
+    server_start_s: float = Field(default=0.3, ge=0)  # llama-server's own start (a C++ program), before the load
     overhead_mb: float = Field(default=150.0, ge=0)  # the process itself: runtime, libraries, buffers
     # Speed per core share when the engine's threads and other processes want more cores than there are: llama.cpp's
     # threads wait for each other at every step, so a descheduled one stalls them all. 2 cores, 2 threads beside one

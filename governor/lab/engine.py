@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import deque
 
 from governor.engine import plan
-from governor.lab import swap
+from governor.lab import restart, swap
 from governor.lab.device import MB, CpuSpec, EngineSpec, SimModelSpec
 from governor.lab.stats import EngineStats, batch_efficiency
 from governor.lab.swap import WarmSwap
@@ -45,6 +45,7 @@ class EngineSim:
         self._cached: set[str] = set()  # models read once stay in the page cache (mmap) unless memory runs out
         self.config: EngineConfig | None = None
         self._swap: WarmSwap | None = None  # a KV type change being built beside the answering context
+        self._deferred: EngineConfig | None = None  # llama-server: a restart waiting for the answer in progress
         self.tier: SimModelSpec | None = None
         self.loaded = False
         self.stopped = False  # stopped because nothing fits in memory (requests wait in the queue)
@@ -71,6 +72,9 @@ class EngineSim:
 
     def apply(self, config: EngineConfig, t: float) -> None:
         old = self.config
+        if self.spec.kind == "llama-server" and old is not None and restart.needed(old, config):
+            self._restart_for(config, t)
+            return
         if self._swap is not None:  # a newer change waits for the build and applies on top of it
             self._swap.then = config
             return
@@ -88,6 +92,31 @@ class EngineSim:
             self._reload(t, delay_s=0.0, weights=False)
         elif step == "resize":
             self._resize(t)  # n_batch too is fixed when a context is built
+
+    def _restart_for(self, config: EngineConfig, t: float) -> None:
+        """llama-server: a change it fixes at start waits for the answer in progress (the slot's save does), then
+        the server restarts: its start, the weights from the page cache (from storage for a model not read before),
+        the context, and the slot restored (read back) where llama.cpp can load it; else the conversation is
+        evaluated again before the next turn."""
+        if self.current is not None or self.stopped:
+            self._deferred = config  # the latest asked for goes at the answer's end (or the next start)
+            if self.stopped:
+                self._set(config)
+            return
+        assert self.config is not None
+        old, self._deferred = self.config, None
+        self._set(config)
+        self.stats.restarts += 1
+        assert self.tier is not None
+        cached = self.tier.name in self._cached
+        weights = self.tier.weights_mb / (self.spec.cached_load_mb_s if cached else self.spec.load_mb_s)
+        self._cached.add(self.tier.name)
+        if restart.restorable(old, config, self.ctx):
+            self.stats.restores += 1
+            kv_s = self.ctx * self._kv_per_tok / (self.spec.cached_load_mb_s * MB)
+            self.ready_s = t + self.spec.server_start_s + weights + self.spec.context_s + kv_s
+            return
+        self._reload(t, delay_s=self.spec.server_start_s, weights=True)
 
     def _set(self, config: EngineConfig) -> None:
         """The figures the engine runs with under `config`."""
@@ -353,6 +382,9 @@ class EngineSim:
                 more = self.step(now, end - now, freq_ratio, background)
                 return big + more[0] * (end - now) / h, little + more[1] * (end - now) / h
             if self.current is None and sw is None:
+                if self._deferred is not None:  # llama-server: the change that waited for the answer
+                    self._restart_for(self._deferred, now)
+                    break
                 if self.waiting is not None:
                     self._stop()
                     break

@@ -60,6 +60,8 @@ class Summary(BaseModel):
     battery_used_pct: float | None
     routed_answers: int = 0  # answered by the workload's upstream (issue 12); counted in answers and tokens too
     routed_tokens: float = 0.0
+    restarts: int = 0  # llama-server restarted to change a setting (its slot restored in `restores` of them)
+    restores: int = 0
 
 
 @dataclass
@@ -196,6 +198,8 @@ def summarize(
         j_per_token=energy / tokens if tokens else None,
         oom_kills=stats.oom_kills,
         engine_starts=stats.starts,
+        restarts=stats.restarts,
+        restores=stats.restores,
         memory_wait_s=world.wait_s,
         wait_reason=wait,
         battery_used_wh=world.battery_used_wh if bat else None,

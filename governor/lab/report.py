@@ -33,7 +33,8 @@ def summary_lines(s: Summary) -> list[str]:
         f"state changes        {s.state_changes}; time in "
         + ", ".join(f"{state} {pct:.0f} %" for state, pct in sorted(s.state_pct.items(), key=lambda kv: -kv[1])),
         f"energy               {s.energy_j:,.0f} J, {_num(s.j_per_token, 2)} J/token",
-        f"OOM kills            {s.oom_kills}; engine starts {s.engine_starts}",
+        f"OOM kills            {s.oom_kills}; engine starts {s.engine_starts}"
+        + (f"; restarts to change settings {s.restarts} ({s.restores} slot restored)" if s.restarts else ""),
         f"waiting for memory   {s.memory_wait_s:.0f} s" + (f" ({s.wait_reason})" if s.wait_reason else ""),
         f"battery used         {bat}",
     ]

@@ -28,6 +28,8 @@ class EngineStats:
     oom_kills: int = 0
     starts: int = 0  # engine processes started: the first, after an OOM kill, after waiting for memory
     reloads: int = 0  # new KV cache: the conversation evaluated again
+    restarts: int = 0  # llama-server restarted to change a setting (EngineSpec.kind = "llama-server")
+    restores: int = 0  # of which its slot restored: the conversation kept without evaluating it again
     warm_swaps: int = 0  # of which built beside the answering context (governor.lab.swap)
     cold_why: list[str] = field(default_factory=list)  # why each KV type change mid-answer was not warm
     resizes: int = 0  # n_ctx changes that kept the cache
