@@ -29,7 +29,7 @@ from governor.daemon.engine import SupervisedEngine
 from governor.daemon.freqcap import FreqCap
 from governor.daemon.holds import HoldRegistry
 from governor.daemon.llamacpp import LlamaCppPython
-from governor.daemon.llamaserver import LlamaServer
+from governor.daemon.llamaserver import LlamaServer, NoticingGate
 from governor.daemon.metrics import DaemonMetrics
 from governor.daemon.notify import Notifier
 from governor.daemon.runtime import Daemon
@@ -254,7 +254,7 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
     proxy = ProxyServer(
         config.engine_socket,
         config.engine_child_socket,
-        supervisor,
+        NoticingGate(supervisor, driver) if isinstance(driver, LlamaServer) else supervisor,
         hold_s=config.request_hold_s,
         drain_s=math.ceil(config.drain_timeout_s + config.stop_timeout_s),
         group=config.group,

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import structlog
@@ -35,11 +35,15 @@ import structlog
 from govbase.errors import GovernorError
 from governor.daemon.driver import Capabilities
 from governor.daemon.pacing import Pace
+from governor.daemon.restarts import Availability
 from governor.engine.client import EngineError, EngineStatus, EngineUnavailable, _UnixTransport
 from policies.decision import EngineConfig
 from policies.ladder import ModelLadder
 from policies.schema import EngineOptions
 from sensors.snapshot import EngineObservation
+
+if TYPE_CHECKING:
+    from governor.daemon.proxy import EngineGate
 
 CAPABILITIES = Capabilities.of("llama-server", live=["max_tokens_per_s"], reload=[])
 SLOT = 0  # one slot (-np 1): one conversation, the whole context, as the built-in engine
@@ -352,6 +356,28 @@ class LlamaServer:
         if response.is_error:
             raise EngineError(self.socket_path, response.status_code, _message(response))
         return response
+
+
+class NoticingGate:
+    """The supervisor as the public socket's gate (governor.daemon.proxy.EngineGate), telling the driver when a request
+    comes in: an idle llama-server is polled only at the heartbeat, and the loop should hear of a chat at once."""
+
+    def __init__(self, supervisor: EngineGate, driver: LlamaServer) -> None:
+        self.supervisor, self.driver = supervisor, driver
+
+    def availability(self) -> Availability:
+        return self.supervisor.availability()
+
+    def request_started(self, *, chat: bool) -> int:
+        if chat:
+            self.driver.kick()
+        return self.supervisor.request_started(chat=chat)
+
+    def request_ended(self, start: int) -> None:
+        self.supervisor.request_ended(start)
+
+    def exit_of(self, start: int) -> str | None:
+        return self.supervisor.exit_of(start)
 
 
 def _message(response: httpx.Response) -> str:
