@@ -7,6 +7,7 @@ sd_notify, metrics and the recorder feed. Time is injected: the lab runs the sam
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 import os
@@ -26,6 +27,7 @@ from governor.clock import Clock, RealClock, Wake
 from governor.daemon.config import DaemonConfig
 from governor.daemon.desired import DesiredEngine
 from governor.daemon.engine import SupervisedEngine
+from governor.daemon.external import External, ExternalSupervisor
 from governor.daemon.freqcap import FreqCap
 from governor.daemon.holds import HoldRegistry
 from governor.daemon.llamacpp import LlamaCppPython
@@ -134,7 +136,7 @@ def make_router(
     return build_router(config.upstream, env, policy=policy, engine_status=engine_status, metrics=metrics)
 
 
-Driver = LlamaCppPython | LlamaServer
+Driver = LlamaCppPython | LlamaServer | External
 
 
 def make_driver(
@@ -146,6 +148,9 @@ def make_driver(
     pid: Callable[[], int | None],
 ) -> Driver:
     """The config's engine (docs/engines.md): its absence is a one-line error at start, not a crash loop."""
+    if config.engine == "external":
+        assert config.engine_url is not None  # the config's validator
+        return External(config.engine_url, models=config.engine_models, options=options)
     if config.engine == "llama-server":
         slots = config.state_dir / "llama-server-slots"  # the conversation across restarts: the daemon's alone
         slots.mkdir(mode=0o700, exist_ok=True)
@@ -195,18 +200,20 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
         log.error("another engine answers on our socket; not using it", socket=str(config.engine_child_socket), pid=pid)
         return False
 
+    managed = driver.capabilities.managed  # an external engine is nobody's child: no pid to check
+
     def ready(timeout_s: float) -> bool:
         try:
             status = driver.wait_ready(timeout_s)
         except EngineUnavailable:
             return False
-        return ours((status.model_extra or {}).get("pid"))
+        return not managed or ours((status.model_extra or {}).get("pid"))
 
     def probe(timeout_s: float) -> bool:
         # The status stream is the liveness signal (no round trip): the engine writes a line at least every
         # probe_interval_s; a silent stream means a hung (or stopped) engine.
         status = watch.fresh((watch.heartbeat_s or 0.0) + timeout_s)
-        if status is None or not ours((status.model_extra or {}).get("pid")):
+        if status is None or (managed and not ours((status.model_extra or {}).get("pid"))):
             return False
         desired.check(status)
         return True
@@ -215,8 +222,12 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
         watch.kick()  # a new engine is ready (or the old one gone): (re)connect to its status stream now
         wake.set()
 
-    supervisor = EngineSupervisor(
-        command=driver.command,
+    supervise: Callable[..., EngineSupervisor] = (
+        functools.partial(ExternalSupervisor, driver)  # ready while it answers; nothing to start
+        if isinstance(driver, External)
+        else functools.partial(EngineSupervisor, command=driver.command)
+    )
+    supervisor = supervise(
         ready=ready,
         desired=desired,
         ladder=ladder,
@@ -253,13 +264,14 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
     router = make_router(config, env, decider, watch, metrics)
     proxy = ProxyServer(
         config.engine_socket,
-        config.engine_child_socket,
-        NoticingGate(supervisor, driver) if isinstance(driver, LlamaServer) else supervisor,
+        driver.address if isinstance(driver, External) else config.engine_child_socket,
+        supervisor if isinstance(driver, LlamaCppPython) else NoticingGate(supervisor, driver.on_chat),
         hold_s=config.request_hold_s,
         drain_s=math.ceil(config.drain_timeout_s + config.stop_timeout_s),
         group=config.group,
         router=router,
-        pace=driver.pace if isinstance(driver, LlamaServer) else None,
+        pace=None if isinstance(driver, LlamaCppPython) else driver.pace,
+        rewrite=driver.rewrite if isinstance(driver, External) else None,
     )
     return Daemon(
         config=config,

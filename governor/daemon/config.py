@@ -129,6 +129,8 @@ class DaemonConfig(BaseModel):
     engine: Literal["llama-cpp-python", "llama-server", "external"] = "llama-cpp-python"
     llama_server: Path | None = Field(default=None, strict=False)
     engine_url: str | None = Field(default=None, min_length=1, max_length=2000)  # engine = "external"
+    # engine = "external": the server's model name for each ladder tier ([engine_models] large = "llama3.1:8b")
+    engine_models: dict[ModelName, ModelName] = Field(default_factory=dict, max_length=100)
 
     @model_validator(mode="after")
     def _engine_url(self) -> DaemonConfig:

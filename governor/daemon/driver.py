@@ -48,8 +48,11 @@ class Capabilities:
         return cls(engine, live, reload, managed)
 
     def how(self, old: EngineConfig, new: EngineConfig) -> How | None:
-        """What going from `old` to `new` takes in this engine; None when nothing changes."""
+        """What going from `old` to `new` takes in this engine; None when nothing changes (or, for an engine the
+        daemon does not start, nothing it can change: the rest is out of its hands)."""
         changed = {name for name in KNOBS if getattr(old, name) != getattr(new, name)}
+        if not self.managed:
+            changed &= self.live | self.reload
         if not changed:
             return None
         if changed <= self.live:
@@ -57,13 +60,14 @@ class Capabilities:
         return "reload" if changed <= self.live | self.reload else "restart"
 
     def as_dict(self) -> dict[str, Any]:
-        restart = [name for name in KNOBS if name not in self.live | self.reload]
+        rest = [name for name in KNOBS if name not in self.live | self.reload]
         return {
             "engine": self.engine,
             "managed": self.managed,
             "live": [name for name in KNOBS if name in self.live],
             "reload": [name for name in KNOBS if name in self.reload],
-            "restart": restart,
+            "restart": rest if self.managed else [],
+            "cannot": [] if self.managed else rest,  # an external engine's: the governor cannot change them
         }
 
 

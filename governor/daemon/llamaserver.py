@@ -308,9 +308,10 @@ class LlamaServer:
             self._kick.clear()
         raise EngineUnavailable(self.socket_path, "the status stream ended")
 
-    def kick(self) -> None:
-        """A request arrived: read the status now (an idle server is polled only at the heartbeat)."""
-        self._kick.set()
+    def on_chat(self, started: bool) -> None:
+        """A chat came in (read the status now: an idle server is polled only at the heartbeat) or ended."""
+        if started:
+            self._kick.set()
 
     def interrupt_streams(self) -> None:
         self._closed.set()
@@ -359,21 +360,24 @@ class LlamaServer:
 
 
 class NoticingGate:
-    """The supervisor as the public socket's gate (governor.daemon.proxy.EngineGate), telling the driver when a request
-    comes in: an idle llama-server is polled only at the heartbeat, and the loop should hear of a chat at once."""
+    """The supervisor as the public socket's gate (governor.daemon.proxy.EngineGate), telling an engine driver that
+    learns nothing by itself when a chat comes in (`on_chat(True)`) and ends (`on_chat(False)`): an idle llama-server
+    is polled only at the heartbeat, and an external server says nothing of what it does."""
 
-    def __init__(self, supervisor: EngineGate, driver: LlamaServer) -> None:
-        self.supervisor, self.driver = supervisor, driver
+    def __init__(self, supervisor: EngineGate, on_chat: Callable[[bool], None]) -> None:
+        self.supervisor, self.on_chat = supervisor, on_chat
 
     def availability(self) -> Availability:
         return self.supervisor.availability()
 
     def request_started(self, *, chat: bool) -> int:
         if chat:
-            self.driver.kick()
+            self.on_chat(True)
         return self.supervisor.request_started(chat=chat)
 
     def request_ended(self, start: int) -> None:
+        """(The public socket ends only chats: governor.daemon.proxy.)"""
+        self.on_chat(False)
         self.supervisor.request_ended(start)
 
     def exit_of(self, start: int) -> str | None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -88,10 +88,19 @@ class ProxyApp:
     """The ASGI app: every request on the public socket goes to the engine's private socket, or gets a clear 5xx."""
 
     def __init__(
-        self, upstream: Path, gate: EngineGate, *, hold_s: float, router: Router | None = None, pace: Pace | None = None
+        self,
+        upstream: Path | tuple[str, int],
+        gate: EngineGate,
+        *,
+        hold_s: float,
+        router: Router | None = None,
+        pace: Pace | None = None,
+        rewrite: Callable[[str, bytes], bytes] | None = None,
     ) -> None:
-        """`pace`: the rate cap of an engine that cannot hold its own tokens (llama-server), paced here."""
-        self.upstream, self.gate, self.hold_s, self.pace = upstream, gate, hold_s, pace
+        """`upstream`: the engine's Unix socket, or (host, port) of an external engine; `pace`: the rate cap of an
+        engine that cannot hold its own tokens (llama-server, an external one), paced here; `rewrite(path, body)`:
+        a request body with the decided settings an external engine takes per request (governor.daemon.external)."""
+        self.upstream, self.gate, self.hold_s, self.pace, self.rewrite = upstream, gate, hold_s, pace, rewrite
         self.router = router if router is not None and router.enabled else None
         self._log = structlog.get_logger("governor.proxy")
 
@@ -139,7 +148,10 @@ class ProxyApp:
         headers = forwarded(scope["headers"])
         info = chat_info(body, headers) if chat else None
         headers = [(k, v) for k, v in headers if k not in (routed.LOCAL_ONLY_HEADER, routed.CLASS_HEADER)]
-        request = (scope["method"].encode(), target, headers, body if info is None else info.body)
+        body = body if info is None else info.body
+        if self.rewrite is not None:
+            body = self.rewrite(scope["path"], body)
+        request = (scope["method"].encode(), target, headers, body)
         sent = asyncio.Event()  # the whole answer went to the client
         if info is not None and self.router is not None:
             job = self._routed(request, info, path=scope["path"], send=send, sent=sent)
@@ -245,7 +257,8 @@ class ProxyApp:
                 await asyncio.sleep(POLL_S)
                 continue
             start = self.gate.request_started(chat=chat)
-            upstream = EngineLink(self.upstream)
+            up = self.upstream
+            upstream = EngineLink(up) if isinstance(up, Path) else EngineLink(None, address=up, host=up[0].encode())
             try:
                 await upstream.send(*request)
             except OSError:

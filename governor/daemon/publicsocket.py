@@ -39,7 +39,7 @@ class ProxyServer:
     def __init__(
         self,
         path: Path,
-        upstream: Path,
+        upstream: Path | tuple[str, int],
         gate: EngineGate,
         *,
         hold_s: float,
@@ -47,9 +47,10 @@ class ProxyServer:
         group: str | None = None,
         router: Router | None = None,
         pace: Pace | None = None,
+        rewrite: Callable[[str, bytes], bytes] | None = None,
     ) -> None:
         self.path = path
-        if len(os.fsencode(path)) >= 108 or len(os.fsencode(upstream)) >= 108:
+        if len(os.fsencode(path)) >= 108 or (isinstance(upstream, Path) and len(os.fsencode(upstream)) >= 108):
             raise ProxyError(f"{path}: a Unix socket path must be shorter than 108 bytes (with its -child twin)")
         try:
             gid = grp.getgrnam(group).gr_gid if group else -1
@@ -62,7 +63,7 @@ class ProxyServer:
             os.chown(path, -1, gid)
         self._sock.listen(128)  # connections wait in the backlog until uvicorn runs: never refused once it exists
         self._inode = os.stat(path).st_ino
-        self.app = ProxyApp(upstream, gate, hold_s=hold_s, router=router, pace=pace)
+        self.app = ProxyApp(upstream, gate, hold_s=hold_s, router=router, pace=pace, rewrite=rewrite)
         self.guard = Guard()
         config = uvicorn.Config(
             self.app,

@@ -188,6 +188,6 @@ def test_hot_caps_the_clock_and_restarts_it_on_fewer_threads(server: DaemonProc)
     status = restarted_with(d, starts, "--threads", "1")
 
     assert status["state"] == "hot"
-    assert status["actuators"]["cpufreq"]["freq_cap_khz"] is not None
-    assert int(d.tree.path("sys/devices/system/cpu/cpufreq/policy0/scaling_max_freq").read_text()) < 2_400_000
+    max_freq = d.tree.path("sys/devices/system/cpu/cpufreq/policy0/scaling_max_freq")
+    eventually(lambda: int(max_freq.read_text()) < 2_400_000, timeout_s=30)
     assert Chat(d).turn(QUESTIONS[0])["choices"][0]["message"]["content"].strip()
