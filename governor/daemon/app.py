@@ -31,9 +31,10 @@ from governor.daemon.external import External, ExternalSupervisor
 from governor.daemon.freqcap import FreqCap
 from governor.daemon.holds import HoldRegistry
 from governor.daemon.llamacpp import LlamaCppPython
-from governor.daemon.llamaserver import LlamaServer, NoticingGate
+from governor.daemon.llamaserver import LlamaServer
 from governor.daemon.metrics import DaemonMetrics
 from governor.daemon.notify import Notifier
+from governor.daemon.polled import NoticingGate
 from governor.daemon.runtime import Daemon
 from governor.daemon.state import DaemonState
 from governor.daemon.supervisor import EngineSupervisor, SupervisedDecider

@@ -37,8 +37,8 @@ import structlog
 
 from govbase.errors import GovernorError
 from governor.daemon.driver import Capabilities
-from governor.daemon.llamaserver import peer_pid
 from governor.daemon.pacing import Pace
+from governor.daemon.polled import StatusPoll, peer_pid
 from governor.daemon.restarts import Availability
 from governor.daemon.supervisor import EngineSupervisor
 from governor.engine.client import EngineError, EngineStatus, EngineUnavailable, _UnixTransport
@@ -127,9 +127,8 @@ class External:
         self.pace = Pace(lambda: self.pid)
         self.running: EngineConfig | None = None
         self.in_flight = 0  # chat requests through the public socket now (the server says nothing of it)
-        self._kick = threading.Event()
-        self._closed = threading.Event()
         self._lock = threading.Lock()
+        self.poll = StatusPoll(self._answers_now, Path(url))
         self._log = structlog.get_logger("governor.external")
 
     @property
@@ -188,29 +187,22 @@ class External:
             url=self.url,
         )
 
+    def _answers_now(self) -> EngineStatus:
+        self.request("GET", "/v1/models")  # it answers: the status stream is the liveness probe
+        return self.status()
+
     def events(self, *, heartbeat_s: float | None = None) -> Generator[EngineStatus, None, None]:
-        """Its status at every heartbeat (a GET /v1/models says it answers), and at once when a request comes in."""
-        self._closed.clear()
-        last: EngineStatus | None = None
-        while not self._closed.is_set():
-            self.request("GET", "/v1/models")
-            status = self.status()
-            last = status if status != last else last
-            assert last is not None
-            yield last
-            self._kick.wait(heartbeat_s if heartbeat_s is not None else 5.0)
-            self._kick.clear()
-        raise EngineUnavailable(Path(self.url), "the status stream ended")
+        """Its status at every heartbeat (after a GET /v1/models), and at once when a chat comes in or ends."""
+        return self.poll.events(heartbeat_s)
 
     def on_chat(self, started: bool) -> None:
         """A chat through the public socket came in or ended: what makes it busy (the server says nothing)."""
         with self._lock:
             self.in_flight = max(0, self.in_flight + (1 if started else -1))
-        self._kick.set()
+        self.poll.kick()
 
     def interrupt_streams(self) -> None:
-        self._closed.set()
-        self._kick.set()
+        self.poll.interrupt()
 
     def observe(self) -> EngineObservation | None:
         try:

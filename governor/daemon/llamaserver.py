@@ -20,14 +20,13 @@ polled: llama-server pushes nothing. A poll is a task in llama-server's queue, a
 from __future__ import annotations
 
 import contextlib
-import socket
 import struct
 import threading
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import structlog
@@ -35,15 +34,12 @@ import structlog
 from govbase.errors import GovernorError
 from governor.daemon.driver import Capabilities
 from governor.daemon.pacing import Pace
-from governor.daemon.restarts import Availability
+from governor.daemon.polled import StatusPoll, peer_pid
 from governor.engine.client import EngineError, EngineStatus, EngineUnavailable, _UnixTransport
 from policies.decision import EngineConfig
 from policies.ladder import ModelLadder
 from policies.schema import EngineOptions
 from sensors.snapshot import EngineObservation
-
-if TYPE_CHECKING:
-    from governor.daemon.proxy import EngineGate
 
 CAPABILITIES = Capabilities.of("llama-server", live=["max_tokens_per_s"], reload=[])
 SLOT = 0  # one slot (-np 1): one conversation, the whole context, as the built-in engine
@@ -93,16 +89,6 @@ def read_saved_tokens(path: Path) -> tuple[int, ...] | None:
     return packed[3 : 3 + packed[2]]
 
 
-def peer_pid(path: Path) -> int | None:
-    """The pid of the process listening on a Unix socket (SO_PEERCRED): which server answers there."""
-    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(1.0)
-        sock.connect(str(path))
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        return int(struct.unpack("3i", creds)[0])
-    return None
-
-
 class LlamaServer:
     """The driver (governor.daemon.driver.EngineDriver) of a llama-server child on the daemon's private socket."""
 
@@ -134,8 +120,7 @@ class LlamaServer:
         self._pid: int | None = None  # the server answering on the socket (SO_PEERCRED)
         self._decoded: tuple[int, int, float] | None = None  # (task id, tokens decoded, when) at the last poll
         self._rate = 0.0
-        self._kick = threading.Event()
-        self._closed = threading.Event()
+        self.poll = StatusPoll(self.status, socket_path, BUSY_POLL_S)
         self.restores = self.reevaluations = 0
         self._log = structlog.get_logger("governor.llama_server")
 
@@ -294,28 +279,15 @@ class LlamaServer:
         return round(self._rate, 2)
 
     def events(self, *, heartbeat_s: float | None = None) -> Generator[EngineStatus, None, None]:
-        """The status now and then at every poll: each `BUSY_POLL_S` while it answers, else each `heartbeat_s` (or
-        at once after `kick()`: a request came in). A poll that brings nothing new yields the last object again."""
-        idle_s = heartbeat_s if heartbeat_s is not None else 5.0
-        last: EngineStatus | None = None
-        self._closed.clear()
-        while not self._closed.is_set():
-            status = self.status()
-            if status != last:
-                last = status
-            yield last
-            self._kick.wait(min(BUSY_POLL_S, idle_s) if last.busy else idle_s)
-            self._kick.clear()
-        raise EngineUnavailable(self.socket_path, "the status stream ended")
+        return self.poll.events(heartbeat_s)
 
     def on_chat(self, started: bool) -> None:
         """A chat came in (read the status now: an idle server is polled only at the heartbeat) or ended."""
         if started:
-            self._kick.set()
+            self.poll.kick()
 
     def interrupt_streams(self) -> None:
-        self._closed.set()
-        self._kick.set()
+        self.poll.interrupt()
 
     def observe(self) -> EngineObservation | None:
         try:
@@ -357,31 +329,6 @@ class LlamaServer:
         if response.is_error:
             raise EngineError(self.socket_path, response.status_code, _message(response))
         return response
-
-
-class NoticingGate:
-    """The supervisor as the public socket's gate (governor.daemon.proxy.EngineGate), telling an engine driver that
-    learns nothing by itself when a chat comes in (`on_chat(True)`) and ends (`on_chat(False)`): an idle llama-server
-    is polled only at the heartbeat, and an external server says nothing of what it does."""
-
-    def __init__(self, supervisor: EngineGate, on_chat: Callable[[bool], None]) -> None:
-        self.supervisor, self.on_chat = supervisor, on_chat
-
-    def availability(self) -> Availability:
-        return self.supervisor.availability()
-
-    def request_started(self, *, chat: bool) -> int:
-        if chat:
-            self.on_chat(True)
-        return self.supervisor.request_started(chat=chat)
-
-    def request_ended(self, start: int) -> None:
-        """(The public socket ends only chats: governor.daemon.proxy.)"""
-        self.on_chat(False)
-        self.supervisor.request_ended(start)
-
-    def exit_of(self, start: int) -> str | None:
-        return self.supervisor.exit_of(start)
 
 
 def _message(response: httpx.Response) -> str:

@@ -4,8 +4,10 @@ model, a SIGSEGV and a kill -9, hot -> fewer threads and a clock cap, and what s
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -100,7 +102,19 @@ def events_named(d: DaemonProc, name: str) -> list[dict[str, Any]]:
     return [e for e in d.events() if e.get("event") == name]
 
 
-def test_status_names_the_engine_and_what_it_changes_live(server: DaemonProc) -> None:
+def test_the_readmes_curl_streams_an_answer_and_status_names_the_engine(server: DaemonProc) -> None:
+    body = '{"messages":[{"role":"user","content":"What is the capital of France? Answer in one sentence."}],'
+    curl = subprocess.run(
+        ["curl", "-sN", "--unix-socket", str(server.engine_socket), "http://x/v1/chat/completions",
+         "-H", "content-type: application/json", "-d", body + '"stream":true}'],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    events = [line.removeprefix("data: ") for line in curl.stdout.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    text = "".join(json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events[:-1])
+    assert text.strip()  # sampled (the README's request sets no temperature): some answer, not a fixed one
+    assert json.loads(events[0])["model"] == "large"
+
     driver = server.status()["actuators"]["engine"]["driver"]
 
     assert driver["engine"] == "llama-server"
