@@ -310,13 +310,13 @@ class ExternalSupervisor(EngineSupervisor):
         config = self._allowed_desired()
         if config is None:
             return False
-        self.driver.engine_started(config)  # the settings it is governed with (its status reports them)
+        self.driver.engine_started(config)  # as a command line is for a managed engine: what its status reports
+        # (once ready, the owner of the settings sends them: then its threads are pinned)
         if not self._ready(self.restart.probe_interval_s):
             with self._lock:
                 self.status.last_exit = f"the external engine at {self.driver.url} does not answer"
             self._stop.wait(self.restart.initial_s)
             return True
-        self.driver.apply(config)  # now that its process is known: its threads pinned
         with self._lock:
             st = self.status
             st.running, st.ready, st.pid = True, True, self.driver.pid
