@@ -275,31 +275,36 @@ class _Handler(socketserver.StreamRequestHandler):
             sent = time.monotonic()
             while not closing.is_set():
                 try:
-                    if ticks.get(timeout=WATCH_IDLE_S) is None:
-                        break
+                    tick = ticks.get(timeout=WATCH_IDLE_S)
                 except queue.Empty:
                     continue
                 # Wait out the rate limit, and at least until the loop has finished its tick: building the status
                 # while the loop still runs its listeners would trade the GIL back and forth, waking both threads.
                 pause = max(sent + WATCH_EVERY_S - time.monotonic(), WATCH_SETTLE_S)
-                if closing.wait(pause) or not _drain(ticks):
+                if tick is None or closing.wait(pause) or (tick := _drain(ticks, tick)) is None:
                     break
                 new = _decisions_after(api, seen)
                 seen = new[-1]["t"] if new else seen
-                self._send({"wall": time.time(), "status": api.status(), "decisions": new})
+                status = self.server.status_after(tick)
+                self.wfile.write(
+                    b'{"wall": %r, "status": %s, "decisions": %s}\n' % (time.time(), status, json.dumps(new).encode())
+                )
+                self.wfile.flush()
                 sent = time.monotonic()
         finally:
             api.unsubscribe(ticks)
 
 
-def _drain(ticks: queue.Queue[TraceRecord | None]) -> bool:
-    """Empty the feed of the ticks a rate-limited watcher skips; False when it says the daemon is stopping."""
+def _drain(ticks: queue.Queue[TraceRecord | None], latest: TraceRecord) -> TraceRecord | None:
+    """Empty the feed of the ticks a rate-limited watcher skips: the latest, or None when the daemon is stopping."""
     while True:
         try:
-            if ticks.get_nowait() is None:
-                return False
+            tick = ticks.get_nowait()
         except queue.Empty:
-            return True
+            return latest
+        if tick is None:
+            return None
+        latest = tick
 
 
 def _decisions_after(api: ControlApi, seen_t: float | None) -> list[dict[str, Any]]:
@@ -326,7 +331,17 @@ class _Server(socketserver.ThreadingUnixStreamServer):
         self.refused = 0  # connections refused over the cap
         self._log = structlog.get_logger("governor.control")
         self._fd_warned = 0.0
+        self._watched: tuple[TraceRecord | None, bytes] = (None, b"")  # the status after the latest tick, as JSON
+        self._watched_lock = threading.Lock()
         super().__init__(path, _Handler)
+
+    def status_after(self, tick: TraceRecord) -> bytes:
+        """The status after `tick` as JSON, built once however many watchers ask (each got the same record object):
+        with `governor top` and a dashboard attached, building it per watcher doubled an idle daemon's CPU."""
+        with self._watched_lock:
+            if self._watched[0] is not tick:
+                self._watched = (tick, json.dumps(self.api.status()).encode())
+            return self._watched[1]
 
     def get_request(self) -> tuple[socket.socket, Any]:
         try:

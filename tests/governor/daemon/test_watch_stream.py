@@ -128,3 +128,25 @@ def test_a_stream_that_is_not_the_daemons_is_one_line_error(tmp_path: Path) -> N
         watch.lines()  # the garbage came with the first answer: it is read at once, not at the next tick
     server_thread.join(5)
     listener.close()
+
+
+def test_watchers_share_one_status_a_tick(server: ControlServer, api: FakeApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`governor top` and a dashboard attached: each gets the status after a tick, and the daemon builds it once."""
+    tick(api, 1.0)
+    built: list[str] = []
+    status = api.status
+
+    def counted() -> dict[str, Any]:
+        built.append("status")
+        return status()
+
+    monkeypatch.setattr(api, "status", counted)
+    with ControlClient(server.path).watch() as top, ControlClient(server.path).watch() as dashboard:
+        built.clear()  # each watcher's first line is its own
+        tick(api, 2.0, State.HOT, threads=2, temp_c=81.0)
+        (a,) = next_lines(top)
+        (b,) = next_lines(dashboard)
+    assert a["status"] == b["status"]
+    assert a["status"]["state"] == "hot"
+    assert a["decisions"] == b["decisions"] != []
+    assert built == ["status"]
