@@ -85,7 +85,7 @@ def policy_loader(
     def load(name: str) -> Decider:
         prior = None
         if device_model is not None:  # read at every (re)load: a new bench-device run is picked up by a reload
-            from governor.benchdevice import load_device_model
+            from policies.devicefile import load_device_model
 
             prior = load_device_model(device_model)
         policy = load_policy(name)

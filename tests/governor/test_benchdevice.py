@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from govbase.errors import GovernorError
-from governor.benchdevice import Measured, load_device_model, prior_of
+from governor.benchdevice import prior_of
 from policies import StateMachine, load_policy
+from policies.devicefile import Measured, load_device_model
 from policies.schema import Power
 
 
