@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, computed_field
 
@@ -149,13 +149,26 @@ Readings = dict[str, float | bool | str | None]
 Why = Callable[[], tuple[str, Readings]]
 
 
+class Outlook(NamedTuple):
+    """What the readings say may come next, typed, for the service-level prediction (policies/slo.py): the forecast
+    (to 0.01 °C, as `why` shows it) against hot's entry, and the battery on battery power."""
+
+    forecast_c: float | None = None
+    hot_enter_c: float | None = None
+    battery_percent: float | None = None
+    on_power: bool | None = None
+
+
+UNKNOWN = Outlook()
+
+
 class Decision(BaseModel):
     """A tick's state and engine settings, the rule that fired, and why (`reason`, `readings`).
 
     The why is built when first read (`governor status`, `why`, a trace, a log line, the routing gate), not at every
     tick: hot, a decision is made four times a second and almost none is ever read, and the sentence is a sixth of
     the tick's work. Everything it is built from is immutable, so it says what was true at its tick whenever read.
-    `Decision(reason=..., readings=...)` gives them directly (the lab's `none`, tests)."""
+    `Decision(reason=..., readings=..., outlook=...)` gives them directly (the lab's `none`, tests)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -168,13 +181,20 @@ class Decision(BaseModel):
     # Nothing fits in memory: keep the engine stopped (requests wait) until this is None again; says why.
     engine_wait: str | None = None
     _why: Why | None = PrivateAttr(default=None)
+    _outlook: Outlook = PrivateAttr(default=UNKNOWN)
 
     def __init__(
-        self, *, reason: str = "", readings: Mapping[str, float | bool | str | None] | None = None, **fields: Any
+        self,
+        *,
+        reason: str = "",
+        readings: Mapping[str, float | bool | str | None] | None = None,
+        outlook: Outlook = UNKNOWN,
+        **fields: Any,
     ) -> None:
         super().__init__(**fields)
         given = (reason, dict(readings or {}))
         self._why = lambda: given
+        self._outlook = outlook
 
     @classmethod
     def explained_by(
@@ -188,6 +208,7 @@ class Decision(BaseModel):
         changed: bool,
         freq_ratio: float | None,
         engine_wait: str | None,
+        outlook: Outlook,
     ) -> Decision:
         """The state machine's, every tick: fields it built from validated values, and the why to build later. Set
         as `model_construct` sets them, without its generic pass over the fields (4 µs here, 16 there: a tenth of a
@@ -198,8 +219,13 @@ class Decision(BaseModel):
         object.__setattr__(decision, "__dict__", fields)
         object.__setattr__(decision, "__pydantic_fields_set__", set(fields))
         object.__setattr__(decision, "__pydantic_extra__", None)
-        object.__setattr__(decision, "__pydantic_private__", {"_why": why})
+        object.__setattr__(decision, "__pydantic_private__", {"_why": why, "_outlook": outlook})
         return decision
+
+    @property
+    def outlook(self) -> Outlook:
+        """What may come next (unknown for a decision read back from JSON, or not made by the policy core)."""
+        return self._outlook
 
     def __eq__(self, other: object) -> bool:
         """Equal fields and an equal why (however each was given)."""

@@ -16,7 +16,7 @@ from typing import NamedTuple
 from policies.allocator import PowerAllocator
 from policies.contention import ThreadFit
 from policies.controller import PIController
-from policies.decision import PRIORITY, Decision, EngineConfig, Hold, KvType, State
+from policies.decision import PRIORITY, Decision, EngineConfig, Hold, KvType, Outlook, State
 from policies.explain import Tick, explain, rule_of
 from policies.filters import BusyWindow, Forecast, Trigger
 from policies.ladder import ModelLadder
@@ -195,7 +195,11 @@ class StateMachine:
         decision = Decision.explained_by(
             partial(explain, tick, fired, clause),
             t=t, state=label, engine=config, rule=fired, changed=config is not prev and config != prev,
-            freq_ratio=freq, engine_wait=None if fitted is None else fitted.wait,
+            freq_ratio=freq, engine_wait=None if fitted is None else fitted.wait, outlook=Outlook(
+                None if sense.forecast_c is None else round(sense.forecast_c, 2), sense.view.hot_enter_c,
+                sense.battery.percent if sense.battery is not None else None,
+                sense.on_power if sense.battery is not None else None,
+            ),
         )  # fmt: skip
         self.last = decision
         return decision

@@ -58,15 +58,15 @@ def _scaled(speed: float | None, measured_at: int | None, threads: int) -> float
 
 def _coming(policy: Policy, decision: Decision, slo: Slo) -> tuple[State, str] | None:
     """A state the readings say is about to be entered (its limits count already), with why."""
-    r = decision.readings
+    o = decision.outlook
     if decision.state in (State.IDLE, State.SUSTAINED, State.LOW_BATTERY):
-        forecast, enter = r.get("forecast_c"), r.get("hot_enter_c")
-        if isinstance(forecast, float | int) and isinstance(enter, float | int) and forecast >= enter:
+        forecast, enter = o.forecast_c, o.hot_enter_c
+        if forecast is not None and enter is not None and forecast >= enter:
             return State.HOT, f"forecast {forecast:.1f} °C ≥ hot entry {enter:.1f} °C"
     if decision.state in (State.IDLE, State.SUSTAINED):
-        pct, on_power = r.get("battery_percent"), r.get("on_power")
+        pct = o.battery_percent
         low = policy.battery.low_percent + slo.battery_margin_percent
-        if isinstance(pct, float | int) and on_power is False and pct <= low:
+        if pct is not None and o.on_power is False and pct <= low:
             return State.LOW_BATTERY, f"battery {pct:.0f} % about to cross low ({policy.battery.low_percent:g} %)"
     return None
 

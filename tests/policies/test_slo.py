@@ -5,17 +5,17 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from policies.decision import Decision, EngineConfig, State
+from policies.decision import Decision, EngineConfig, Outlook, State
 from policies.schema import Slo
 from policies.slo import Measured, RouteGate, predict
 from tests.policies.conftest import make_policy
 
 
 def decision(
-    state: State = State.IDLE, *, threads: int = 4, cap: float | None = None, **readings: float | bool | None
+    state: State = State.IDLE, *, threads: int = 4, cap: float | None = None, **outlook: float | bool | None
 ) -> Decision:
     engine = EngineConfig(threads=threads, n_ctx=1024, model="large", max_tokens_per_s=cap)
-    return Decision(t=0.0, state=state, engine=engine, reason="", rule="", readings=readings)
+    return Decision(t=0.0, state=state, engine=engine, reason="", rule="", outlook=Outlook(**outlook))  # type: ignore[arg-type]
 
 
 FAST = Measured(decode_tokens_per_s=20.0, decode_threads=4, prefill_tokens_per_s=200.0, prefill_threads=4)
