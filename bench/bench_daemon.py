@@ -34,11 +34,12 @@ from governor import logs
 from governor.clock import RealClock
 from governor.daemon.client import ControlClient
 from governor.daemon.desired import DesiredEngine
+from governor.daemon.engine import SupervisedDecider
 from governor.daemon.llamacpp import LlamaCppPython
 from governor.daemon.metrics import DaemonMetrics
 from governor.daemon.restarts import RestartPolicy
 from governor.daemon.state import DaemonState
-from governor.daemon.supervisor import EngineSupervisor, SupervisedDecider
+from governor.daemon.supervisor import EngineSupervisor
 from governor.daemon.watch import EngineWatch
 from governor.demo.models import RANDOM_DIR, write_demo_models
 from governor.engine.client import EngineClient
@@ -106,7 +107,7 @@ def per_tick(root: Path, ladder_path: Path, ticks: int, client: EngineClient) ->
     policy = StateMachine(load_policy("default"), ladder=ladder, footprints=footprints)
     supervisor = EngineSupervisor(
         command=lambda _cfg, _eb: [],
-        ready=lambda _t: True,
+        ready=lambda _t: None,
         desired=DesiredEngine(LlamaCppPython(ladder_path, client.socket_path)),
         ladder=ladder,
         restart=RestartPolicy(),

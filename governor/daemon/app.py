@@ -26,7 +26,7 @@ from governor.actuator import Actuator
 from governor.clock import Clock, RealClock, Wake
 from governor.daemon.config import DaemonConfig
 from governor.daemon.desired import DesiredEngine
-from governor.daemon.engine import SupervisedEngine
+from governor.daemon.engine import SupervisedDecider, SupervisedEngine
 from governor.daemon.external import External, ExternalSupervisor
 from governor.daemon.freqcap import FreqCap
 from governor.daemon.holds import HoldRegistry
@@ -37,9 +37,9 @@ from governor.daemon.notify import Notifier
 from governor.daemon.polled import NoticingGate
 from governor.daemon.runtime import Daemon
 from governor.daemon.state import DaemonState
-from governor.daemon.supervisor import EngineSupervisor, SupervisedDecider
+from governor.daemon.supervisor import EngineSupervisor
 from governor.daemon.watch import EngineWatch
-from governor.engine.client import EngineUnavailable
+from governor.engine.client import EngineStatus, EngineUnavailable
 from governor.loop import Decider, GovernorLoop
 from governor.programs import NO_LLAMA_CPP, find_program
 from governor.unixsock import check_private_dir
@@ -162,6 +162,21 @@ def make_driver(
     return LlamaCppPython(ladder_file, config.engine_child_socket, drain_s=config.drain_timeout_s, options=options)
 
 
+def answering(driver: Driver, timeout_s: float) -> EngineStatus | None:
+    """The status of the engine answering on the driver's socket, once one answers within `timeout_s` (None: none
+    does)."""
+    try:
+        return driver.wait_ready(timeout_s)
+    except EngineUnavailable:
+        return None
+
+
+def fresh_status(watch: EngineWatch, timeout_s: float) -> EngineStatus | None:
+    """The engine's latest pushed status, if it came within a heartbeat (+ `timeout_s`): the status stream is the
+    liveness signal, no round trip (the engine writes at least every probe interval; silent: hung or stopped)."""
+    return watch.fresh((watch.heartbeat_s or 0.0) + timeout_s)
+
+
 def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str, str] | None = None) -> Daemon:
     clock = clock if clock is not None else RealClock()
     env = os.environ if env is None else env
@@ -187,37 +202,11 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
     driver = make_driver(
         config, ladder, lpath, options=lambda: engine_options(decider.inner), pid=lambda: supervisor.pid
     )
-    log = structlog.get_logger("governor.daemon")
     wake = Wake()  # the loop's: the supervisor, the engine's news, holds and udev events tick it now
     # The engine pushes its status (a request arriving wakes the loop) and a heartbeat line every probe interval.
     watch = EngineWatch(driver, on_change=wake.set, heartbeat_s=max(0.1, config.restart.probe_interval_s))
     desired = DesiredEngine(driver)  # the one owner of the engine's settings; its thread posts them
     holds = HoldRegistry(on_change=wake.set)
-
-    def ours(pid: object) -> bool:
-        """The engine answering is our child: another daemon's engine on the same socket is never taken over."""
-        if pid == supervisor.pid:
-            return True
-        log.error("another engine answers on our socket; not using it", socket=str(config.engine_child_socket), pid=pid)
-        return False
-
-    managed = driver.capabilities.managed  # an external engine is nobody's child: no pid to check
-
-    def ready(timeout_s: float) -> bool:
-        try:
-            status = driver.wait_ready(timeout_s)
-        except EngineUnavailable:
-            return False
-        return not managed or ours((status.model_extra or {}).get("pid"))
-
-    def probe(timeout_s: float) -> bool:
-        # The status stream is the liveness signal (no round trip): the engine writes a line at least every
-        # probe_interval_s; a silent stream means a hung (or stopped) engine.
-        status = watch.fresh((watch.heartbeat_s or 0.0) + timeout_s)
-        if status is None or (managed and not ours((status.model_extra or {}).get("pid"))):
-            return False
-        desired.check(status)
-        return True
 
     def engine_changed() -> None:
         watch.kick()  # a new engine is ready (or the old one gone): (re)connect to its status stream now
@@ -229,14 +218,14 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
         else functools.partial(EngineSupervisor, command=driver.command)
     )
     supervisor = supervise(
-        ready=ready,
+        ready=functools.partial(answering, driver),
         desired=desired,
         ladder=ladder,
         restart=config.restart,
         clock=clock,
         latest_snapshot=lambda: state.snapshot,
         on_change=engine_changed,
-        probe=probe,
+        probe=functools.partial(fresh_status, watch),
     )
     # The engine child's own CPU time is not "another process" (policies/contention.py).
     sensors = make_sampler(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import select
 import signal
 import subprocess
 import threading
@@ -146,3 +147,18 @@ def memory_kill_evidence(
     if log and re.search(rf"(Killed process {pid}\b|oom-kill:.*\bpid={pid}\b)", log):
         return "killed by the kernel's OOM killer (kernel log)"
     return None
+
+
+def wait_exit(proc: subprocess.Popen[bytes], timeout_s: float) -> int:
+    """`proc.wait(timeout_s)`, asleep: Popen.wait with a timeout polls every 50 ms (20 wake-ups a second for as long
+    as the engine runs, issue 16); a pidfd lets the kernel wake us when the child exits."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # not Linux >= 5.3, or already reaped
+        return proc.wait(timeout_s)
+    try:
+        if not select.select([fd], [], [], timeout_s)[0]:
+            raise subprocess.TimeoutExpired(proc.args, timeout_s)
+    finally:
+        os.close(fd)
+    return proc.wait()

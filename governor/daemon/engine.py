@@ -1,5 +1,6 @@
 """The engine as the loop sees it and acts on it: the supervised child process, its pushed status, and the owner of
-its desired settings (governor.daemon.desired).
+its desired settings (governor.daemon.desired); and the policy core fed what the supervisor knows (SupervisedDecider:
+its cap as a hold, a given-up engine on the observation, never a rewritten decision).
 
 `observe()` does no I/O when a watch is given: the engine pushes its status on change (governor/daemon/watch.py).
 `apply(decision)` is the engine's actuator: while nothing fits in memory (the decision's `engine_wait`) the supervisor
@@ -9,13 +10,15 @@ never blocks the loop (the owner's own thread sends them).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from governor.daemon.desired import DesiredEngine
 from governor.daemon.supervisor import EngineSupervisor
-from policies.decision import Decision
+from governor.loop import Decider
+from policies.decision import Decision, Hold
 from sensors.psutil_backend import ProcessStats
-from sensors.snapshot import EngineObservation
+from sensors.snapshot import EngineObservation, Snapshot
 
 
 class EngineObserver(Protocol):
@@ -67,3 +70,23 @@ class SupervisedEngine:
 
     def status(self) -> dict[str, Any]:
         return self.desired.status()
+
+
+class SupervisedDecider:
+    """The policy core, fed what the supervisor knows: its cap as a hold, a given-up engine on the observation."""
+
+    def __init__(self, inner: Decider, supervisor: EngineSupervisor) -> None:
+        self.inner = inner  # swapped on reload
+        self.supervisor = supervisor
+
+    def decide(
+        self, snapshot: Snapshot, engine: EngineObservation | None, t: float, holds: Sequence[Hold] = ()
+    ) -> Decision:
+        critical = self.supervisor.status.critical
+        if critical is not None:
+            given_up = {"given_up": critical}
+            engine = EngineObservation(busy=False, **given_up) if engine is None else engine.model_copy(update=given_up)
+        return self.inner.decide(snapshot, engine, t, (*holds, *self.supervisor.caps()))
+
+    def interval_s(self, decision: Decision) -> float:
+        return self.inner.interval_s(decision)

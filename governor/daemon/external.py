@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 import structlog
+from pydantic import BaseModel
 
 from govbase.errors import GovernorError
 from governor.daemon.driver import Capabilities
@@ -298,6 +299,10 @@ class ExternalSupervisor(EngineSupervisor):
         super().__init__(command=driver.command, **kwargs)
         self.driver = driver
 
+    def _ours(self, status: BaseModel, pid: int | None) -> bool:
+        """An external engine is nobody's child: whatever answers at its URL is it."""
+        return True
+
     def availability(self) -> Availability:
         """While it does not answer, a request waits (the hold), then gets 503 saying so."""
         avail = super().availability()
@@ -312,7 +317,7 @@ class ExternalSupervisor(EngineSupervisor):
             return False
         self.driver.engine_started(config)  # as a command line is for a managed engine: what its status reports
         # (once ready, the owner of the settings sends them: then its threads are pinned)
-        if not self._ready(self.restart.probe_interval_s):
+        if self._ready(self.restart.probe_interval_s) is None:
             with self._lock:
                 self.status.last_exit = f"the external engine at {self.driver.url} does not answer"
             self._stop.wait(self.restart.initial_s)
@@ -325,7 +330,7 @@ class ExternalSupervisor(EngineSupervisor):
         self.desired.engine_ready(start, config, lambda: None)
         self._log.info("external engine answers", url=self.driver.url, pid=self.driver.pid, ollama=self.driver.ollama)
         self._on_change()
-        while not self._stop.wait(self.restart.probe_interval_s) and self._probe(self.restart.probe_timeout_s):
+        while not self._stop.wait(self.restart.probe_interval_s) and self._answers(self.driver.pid):
             pass
         self.desired.engine_gone()
         with self._lock:

@@ -23,13 +23,13 @@ from govbase.errors import GovernorError
 from governor.clock import Clock
 from governor.daemon.config import DaemonConfig
 from governor.daemon.control import ControlServer
-from governor.daemon.engine import SupervisedEngine
+from governor.daemon.engine import SupervisedDecider, SupervisedEngine
 from governor.daemon.holds import HoldRegistry
 from governor.daemon.metrics import DaemonMetrics
 from governor.daemon.notify import Notifier
 from governor.daemon.signals import SignalInbox
 from governor.daemon.state import DaemonState
-from governor.daemon.supervisor import EngineSupervisor, SupervisedDecider
+from governor.daemon.supervisor import EngineSupervisor
 from governor.loop import Decider, GovernorLoop
 from policies.decision import Decision, Hold, State
 from sensors.snapshot import EngineObservation, Snapshot, TraceRecord

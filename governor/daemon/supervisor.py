@@ -5,56 +5,41 @@ A crash (a crash signal or a non-zero exit) during load or in the first decode i
 time: first the engine's extra buffer types off (llama.cpp's AMX/repack paths, the usual native crash), then one
 step down the ladder, and so on until `max_failures`. `governor.daemon.crashes` words it.
 
-Supervision feeds the policy through `SupervisedDecider`, which adds inputs and never rewrites a decision: after a
-memory kill or a crash a hold of its own caps the model tier / context one step below what died (until a reload), and
-after repeated failures the engine's observation says it was given up (the policy goes critical and says why). So the
-decision and its reason are what the engine runs. The policy itself stays pure and unaware of processes.
+Supervision feeds the policy through `SupervisedDecider` (governor.daemon.engine), which adds inputs and never
+rewrites a decision: after a memory kill or a crash a hold of its own caps the model tier / context one step below what
+died (until a reload), and after repeated failures the engine's observation says it was given up (the policy goes
+critical and says why). So the decision and its reason are what the engine runs. The policy itself stays pure and
+unaware of processes.
 """
 
 from __future__ import annotations
 
-import os
-import select
 import signal
 import subprocess
 import threading
 from collections.abc import Callable, Sequence
 
 import structlog
+from pydantic import BaseModel
 
 from governor.clock import Clock
-from governor.daemon.crashes import Crash, Phase, StderrTail, memory_kill_evidence, phase_of, read_kernel_log
-from governor.daemon.desired import DesiredEngine
-from governor.daemon.restarts import (
-    Availability,
-    Exit,
-    RestartPolicy,
-    SupervisionStatus,
-    availability,
-    record_exit,
+from governor.daemon.crashes import (
+    Crash,
+    Phase,
+    StderrTail,
+    memory_kill_evidence,
+    phase_of,
+    read_kernel_log,
+    wait_exit,
 )
-from governor.loop import Decider
-from policies.decision import Decision, EngineConfig, Hold
+from governor.daemon.desired import DesiredEngine
+from governor.daemon.restarts import Availability, Exit, RestartPolicy, SupervisionStatus, availability, record_exit
+from policies.decision import EngineConfig, Hold
 from policies.ladder import ModelLadder
-from sensors.snapshot import EngineObservation, Snapshot
+from sensors.snapshot import Snapshot
 
 HELD = "held"  # _watch: the engine was stopped because nothing fits in memory (not a death)
 LOAD_GUESS_S = 5.0  # until an engine has come up once, how long a start is expected to take (for Retry-After)
-
-
-def _wait(proc: subprocess.Popen[bytes], timeout_s: float) -> int:
-    """`proc.wait(timeout_s)`, asleep: Popen.wait with a timeout polls every 50 ms (20 wake-ups a second for as long
-    as the engine runs, issue 16); a pidfd lets the kernel wake us when the child exits."""
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):  # not Linux >= 5.3, or already reaped
-        return proc.wait(timeout_s)
-    try:
-        if not select.select([fd], [], [], timeout_s)[0]:
-            raise subprocess.TimeoutExpired(proc.args, timeout_s)
-    finally:
-        os.close(fd)
-    return proc.wait()
 
 
 class EngineSupervisor:
@@ -62,7 +47,7 @@ class EngineSupervisor:
         self,
         *,
         command: Callable[[EngineConfig, str | None], Sequence[str]],
-        ready: Callable[[float], bool],
+        ready: Callable[[float], BaseModel | None],
         desired: DesiredEngine,
         ladder: ModelLadder,
         restart: RestartPolicy,
@@ -70,11 +55,13 @@ class EngineSupervisor:
         latest_snapshot: Callable[[], Snapshot | None] = lambda: None,
         on_change: Callable[[], None] = lambda: None,
         kernel_log: Callable[[], str | None] = read_kernel_log,
-        probe: Callable[[float], bool] = lambda _timeout_s: True,
+        probe: Callable[[float], BaseModel | None] | None = None,
     ) -> None:
         """`command(config, extra_buffers)` is the child's argv (`extra_buffers` "off" after a crash asked for the
-        safer setting, else None); `ready(timeout_s)` waits for its socket; `desired` owns the config an engine
-        starts with and converges a ready one to it; `probe(timeout_s)` asks a running child whether it answers."""
+        safer setting, else None); `ready(timeout_s)` waits for its socket and gives the status of the engine
+        answering there (None: none answers); `probe(timeout_s)` gives a running engine's latest status (None:
+        silent); a status names its `pid`, which must be our child's. `desired` owns the config an engine starts with
+        and converges a ready one to it (no probe: a running child always answers)."""
         self._command, self._ready, self.desired, self._probe = command, ready, desired, probe
         self.ladder, self.restart, self.clock = ladder, restart, clock
         self._latest_snapshot, self._on_change, self._kernel_log = latest_snapshot, on_change, kernel_log
@@ -237,7 +224,7 @@ class EngineSupervisor:
         probing = self.status.ready  # an engine that never became ready was killed by _wait_ready already
         while True:
             try:
-                return _wait(proc, self.restart.probe_interval_s), None
+                return wait_exit(proc, self.restart.probe_interval_s), None
             except subprocess.TimeoutExpired:
                 pass
             with self._lock:
@@ -251,7 +238,7 @@ class EngineSupervisor:
                     return proc.wait(), HELD
             if self._stop.is_set() or not probing:
                 continue
-            answers = self._probe(self.restart.probe_timeout_s)
+            answers = self._answers(proc.pid)
             if answers == (silent_since is not None):  # it stopped answering, or answers again
                 with self._lock:
                     self.status.ready = answers  # status says "not answering" while it is silent
@@ -271,7 +258,8 @@ class EngineSupervisor:
     def _wait_ready(self, proc: subprocess.Popen[bytes], config: EngineConfig) -> bool:
         deadline = self.clock.now() + self.restart.ready_timeout_s
         while proc.poll() is None and not self._stop.is_set():
-            if self._ready(min(1.0, max(0.0, deadline - self.clock.now()))):
+            answering = self._ready(min(1.0, max(0.0, deadline - self.clock.now())))
+            if answering is not None and self._ours(answering, proc.pid):
                 with self._lock:
                     self.status.ready = True
                     start = self.status.starts
@@ -282,6 +270,25 @@ class EngineSupervisor:
                 self._log.error("engine not ready in time; killing it", timeout_s=self.restart.ready_timeout_s)
                 proc.kill()
                 return False
+        return False
+
+    def _answers(self, pid: int | None) -> bool:
+        """The running engine answers: its latest status came within a probe's time, from our child; the owner of
+        the settings compares it with what it wants (drift). No probe: it always answers."""
+        if self._probe is None:
+            return True
+        status = self._probe(self.restart.probe_timeout_s)
+        if status is None or not self._ours(status, pid):
+            return False
+        self.desired.check(status)
+        return True
+
+    def _ours(self, status: BaseModel, pid: int | None) -> bool:
+        """The engine answering is our child: another daemon's engine on the same socket is never taken over."""
+        reported = (status.model_extra or {}).get("pid")  # a status without one: not ours
+        if reported == pid:
+            return True
+        self._log.error("another engine answers on our socket; not using it", pid=reported, ours=pid)
         return False
 
     def _after_exit(
@@ -380,7 +387,7 @@ class EngineSupervisor:
             deadline, hurried = self.clock.now() + timeout_s, False
             while True:
                 try:
-                    _wait(proc, 0.2)  # in slices: a second signal must be seen during the drain
+                    wait_exit(proc, 0.2)  # in slices: a second signal must be seen during the drain
                     break
                 except subprocess.TimeoutExpired:
                     pass
@@ -395,23 +402,3 @@ class EngineSupervisor:
                     break
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
-
-
-class SupervisedDecider:
-    """The policy core, fed what the supervisor knows: its cap as a hold, a given-up engine on the observation."""
-
-    def __init__(self, inner: Decider, supervisor: EngineSupervisor) -> None:
-        self.inner = inner  # swapped on reload
-        self.supervisor = supervisor
-
-    def decide(
-        self, snapshot: Snapshot, engine: EngineObservation | None, t: float, holds: Sequence[Hold] = ()
-    ) -> Decision:
-        critical = self.supervisor.status.critical
-        if critical is not None:
-            given_up = {"given_up": critical}
-            engine = EngineObservation(busy=False, **given_up) if engine is None else engine.model_copy(update=given_up)
-        return self.inner.decide(snapshot, engine, t, (*holds, *self.supervisor.caps()))
-
-    def interval_s(self, decision: Decision) -> float:
-        return self.inner.interval_s(decision)

@@ -10,15 +10,16 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel, ConfigDict
 
 from governor.clock import RealClock
 from governor.daemon.crashes import memory_kill_evidence
 from governor.daemon.desired import DesiredEngine
 from governor.daemon.driver import Capabilities
-from governor.daemon.engine import SupervisedEngine
+from governor.daemon.engine import SupervisedDecider, SupervisedEngine
 from governor.daemon.llamacpp import CAPABILITIES
 from governor.daemon.restarts import RestartPolicy, step_down
-from governor.daemon.supervisor import EngineSupervisor, SupervisedDecider
+from governor.daemon.supervisor import EngineSupervisor
 from policies import StateMachine, load_policy
 from policies.decision import Decision, EngineConfig, Hold, State
 from policies.ladder import ModelLadder, ModelTier
@@ -44,6 +45,12 @@ SEGFAULTER = [
 SELF_KILLER = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
 FAST = RestartPolicy(initial_s=0.01, max_s=0.05, max_failures=3, stable_s=60.0)
 PRESSURE = Snapshot(memory=Memory(total_bytes=2**30, available_bytes=2**24, psi_some_avg10=45.0, psi_full_avg10=20.0))
+
+
+class Status(BaseModel):
+    """An engine's pushed status: its settings and its pid."""
+
+    model_config = ConfigDict(extra="allow")
 
 
 class Policy:
@@ -108,7 +115,7 @@ class Harness:
         self.desired = DesiredEngine(Link())
         self.supervisor = EngineSupervisor(
             command=command,
-            ready=lambda _timeout_s: ready,
+            ready=lambda _timeout_s: Status(pid=self.supervisor.pid) if ready else None,  # ours answers
             desired=self.desired,
             ladder=LADDER,
             restart=restart,
@@ -375,7 +382,7 @@ def test_a_silent_engine_is_killed_and_restarted() -> None:
     answers = [True]
     policy = RestartPolicy(initial_s=0.01, max_s=0.05, probe_interval_s=0.05, probe_timeout_s=0.01, hang_s=0.3)
     h = Harness(SLEEPER, restart=policy)
-    h.supervisor._probe = lambda _timeout_s: answers[0]
+    h.supervisor._probe = lambda _timeout_s: Status(pid=h.supervisor.pid, **LARGE.model_dump()) if answers[0] else None
     h.want(LARGE)
     first = ready_pid(h.supervisor)
     try:

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel, ConfigDict
 
 from govbase.errors import GovernorError
 from governor.cli import build_parser
@@ -126,6 +127,12 @@ class PauseRecorder(NoRssEngine):
         self.pauses.append(reason)
 
 
+class Answering(BaseModel):
+    """The status an engine answering on the socket reports: its pid."""
+
+    model_config = ConfigDict(extra="allow")
+
+
 def sleeper_supervisor(desired: DesiredEngine, started: list[EngineConfig] | None = None) -> EngineSupervisor:
     def command(config: EngineConfig, _extra_buffers: str | None) -> list[str]:
         if started is not None:
@@ -134,7 +141,7 @@ def sleeper_supervisor(desired: DesiredEngine, started: list[EngineConfig] | Non
 
     supervisor = EngineSupervisor(
         command=command,
-        ready=lambda _t: True,
+        ready=lambda _t: Answering(pid=supervisor.pid),  # the engine answering is ours
         desired=desired,
         ladder=ModelLadder(tier=(ModelTier(name="large", path=Path("large.gguf")),)),
         restart=RestartPolicy(),
