@@ -1,20 +1,15 @@
 """The simulated engine: a llama.cpp process as seen from outside (speed, memory, reloads), driven by a workload.
 
-Decode speed per token (documented in docs/lab.md):
+Decode speed per token is the lesser of compute (threads x clock x a thread's tokens/s, the slowest core setting the
+pace, shared with background work at a barrier cost) and memory bandwidth (all weights and the KV cache read per
+token), under the rate cap; prefill is compute-bound at the n_batch's efficiency. The formulas and where each figure
+comes from: docs/lab.md, "The engine".
 
-    compute-limited   r_c = threads · s · (f/f_max) · thread_tok_s    (s = 1 on big cores; once a thread lands on
-                      a little core, s = little_speed: llama.cpp splits work evenly, the slowest thread sets the pace)
-    bandwidth-limited r_b = bandwidth / (weights + kv_bytes_per_token · context)   (all weights and the KV are read)
-    decode rate       r   = min(r_c, r_b, rate cap);  the cap idles the cores for the rest (duty r / min(r_c, r_b))
-    prefill rate      threads · (f/f_max) · prefill_thread_tok_s · batch_efficiency(n_batch)   (compute-bound)
-    contention        threads + background > cores: every runnable thread gets a share q = cores / (threads +
-                      background) and the barrier at every graph step costs more: decode and prefill rates * q · e,
-                      e = barrier_efficiency (0.48, calibrated on 2 cores: 2 threads beside a hog 25 tok/s, alone 78)
-
-The context follows the real engine's rules (docs/lab.md): a turn evaluates only its new tokens, an overflow shifts
-the cache (drops its older half), an n_ctx change copies the cache into the new context, and only a KV type or model
-change (or a restart) evaluates the conversation again: a KV type change mid-answer warm where the real engine would
-do it (governor.lab.swap), the answer going on meanwhile, else cold (the answer stops until it is evaluated again).
+The context (governor.lab.conversation) follows the real engine's rules (docs/lab.md): a turn evaluates only its
+new tokens, an overflow shifts the cache (drops its older half), and the reconfiguration plan (governor.engine.plan)
+decides the rest: an n_ctx change copies the cache into the new context; a KV type or model change (or a restart)
+evaluates the conversation again, a KV type change mid-answer warm where the real engine would do it
+(governor.lab.swap), the answer going on meanwhile, else cold (the answer stops until it is evaluated again).
 """
 
 from __future__ import annotations
@@ -23,6 +18,7 @@ from collections import deque
 
 from governor.engine import plan
 from governor.lab import restart, swap
+from governor.lab.conversation import Conversation
 from governor.lab.device import MB, CpuSpec, EngineSpec, SimModelSpec
 from governor.lab.stats import EngineStats, batch_efficiency
 from governor.lab.swap import WarmSwap
@@ -52,10 +48,7 @@ class EngineSim:
         self.paused = False  # of which: the answer in progress kept, its process alive without its model
         self.waiting: str | None = None  # the decision's engine_wait: stop once the answer in progress is done
         self.ready_s = 0.0  # loading (or restarting) until then
-        self.ctx = 0.0  # tokens held in the KV cache
-        self.history = 0.0  # tokens of the conversation so far (what a reload must evaluate again)
-        self._pending_history = 0.0  # history to evaluate before the next prompt (after a reload)
-        self._keep = 0.0  # the system prompt's tokens, which a context shift keeps
+        self.chat = Conversation()  # the conversation as the process holds it (the KV cache) and must evaluate
         self.queue: deque[Request] = deque()
         self.current: Request | None = None
         self.prefill_left = 0.0
@@ -111,9 +104,9 @@ class EngineSim:
         cached = self.tier.name in self._cached
         weights = self.tier.weights_mb / (self.spec.cached_load_mb_s if cached else self.spec.load_mb_s)
         self._cached.add(self.tier.name)
-        if restart.restorable(old, config, self.ctx):
+        if restart.restorable(old, config, self.chat.ctx):
             self.stats.restores += 1
-            kv_s = self.ctx * self._kv_per_tok / (self.spec.cached_load_mb_s * MB)
+            kv_s = self.chat.ctx * self._kv_per_tok / (self.spec.cached_load_mb_s * MB)
             self.ready_s = t + self.spec.server_start_s + weights + self.spec.context_s + kv_s
             return
         self._reload(t, delay_s=self.spec.server_start_s, weights=True)
@@ -137,13 +130,13 @@ class EngineSim:
         into it (`llama_state_seq_get_data` / `_set_data`); nothing is evaluated again. As in the engine, a cache that
         does not fit the smaller context is not copied: the conversation is evaluated again instead."""
         assert self.config is not None
-        if not plan.cache_fits(self.ctx, self.config.n_ctx):
+        if not plan.cache_fits(self.chat.ctx, self.config.n_ctx):
             self._reload(t, delay_s=0.0, weights=False)
             return
         self.stats.resizes += 1
         self.ready_s = max(self.ready_s, t + self.spec.context_s)
         if self.current is not None:
-            self.answer_left = max(0.0, min(self.answer_left, self.config.n_ctx - self.ctx - self.prefill_left))
+            self.answer_left = max(0.0, min(self.answer_left, self.config.n_ctx - self.chat.ctx - self.prefill_left))
 
     def _reload(self, t: float, delay_s: float, *, weights: bool) -> None:
         """A new KV type or model means a fresh KV cache: the kept conversation (up to half the new context) is
@@ -160,11 +153,11 @@ class EngineSim:
         self.ready_s = t + delay_s + load_s
         half = self.config.n_ctx // 2
         if self.current is not None:
-            self.prefill_left = min(self.ctx + self.prefill_left, half)
+            self.prefill_left = min(self.chat.ctx + self.prefill_left, half)
             self.answer_left = min(self.answer_left, self.config.n_ctx - self.prefill_left)
         else:
-            self.history = self._pending_history = min(self.ctx + self._pending_history, half)
-        self.ctx = 0.0
+            self.chat.history = self.chat.pending = min(self.chat.ctx + self.chat.pending, half)
+        self.chat.ctx = 0.0
 
     def _start_swap(self, old: EngineConfig, config: EngineConfig, t: float) -> bool:
         """Build `config` warm beside the answering context when the real engine would (governor.lab.swap)."""
@@ -178,7 +171,7 @@ class EngineSim:
             config,
             tier=self.tier,
             threads=self._big + self._little,
-            tokens=self.ctx + self.prefill_left,
+            tokens=self.chat.ctx + self.prefill_left,
             answer_left=self.answer_left,
             available=self.room_bytes - self.resident_bytes(),
             now=t,
@@ -199,11 +192,11 @@ class EngineSim:
         self.stats.reloads += 1
         self.stats.warm_swaps += 1
         if self.current is not None:
-            self.prefill_left += self.ctx - sw.done
+            self.prefill_left += self.chat.ctx - sw.done
             self.answer_left = min(self.answer_left, sw.target.n_ctx - sw.done - self.prefill_left)
         else:  # the answer ended meanwhile: the next turn evaluates the rest of it (prefix reuse)
-            self._pending_history += self.ctx - sw.done
-        self.ctx = sw.done
+            self.chat.pending += self.chat.ctx - sw.done
+        self.chat.ctx = sw.done
         if sw.then is not None:
             self.apply(sw.then, now)
 
@@ -212,15 +205,6 @@ class EngineSim:
         if self._swap is not None:
             sw, self._swap = self._swap, None
             self._set(sw.then or sw.target)
-
-    def _shift(self, need: float) -> None:
-        """Context shift (llama-server's `--context-shift`): drop the older half of the cache after the kept system
-        tokens (`llama_memory_seq_rm` + `llama_memory_seq_add`) until `need` more tokens fit; the rest stays cached."""
-        assert self.config is not None
-        n_ctx = self.config.n_ctx
-        while self.ctx + need > n_ctx and self.ctx - self._keep >= 2:
-            self.ctx -= (self.ctx - self._keep) // 2
-            self.stats.shifts += 1
 
     def wait(self, reason: str | None, t: float) -> None:
         """Nothing fits (`reason`), as the daemon and the engine do it: an answer in progress is paused at once (the
@@ -247,7 +231,7 @@ class EngineSim:
     def _stop(self) -> None:
         self._drop_swap()
         self.stopped, self.loaded, self.paused = True, False, False
-        self._pending_history, self.ctx = self.ctx + self._pending_history, 0.0
+        self.chat.pending, self.chat.ctx = self.chat.ctx + self.chat.pending, 0.0
 
     def footprint_bytes(self) -> int:
         return self._footprint
@@ -299,24 +283,6 @@ class EngineSim:
     def submit(self, request: Request) -> None:
         self.queue.append(request)
 
-    def pending_tokens(self) -> float:
-        """Conversation tokens the next local turn must evaluate before its prompt (after a reload or routed turns)."""
-        return self._pending_history
-
-    def conversation_tokens(self) -> float:
-        return self.history + self._pending_history
-
-    def routed(self, request: Request) -> None:
-        """A turn answered elsewhere: the conversation grew by it, and the next local turn evaluates it first."""
-        turn = float(request.prompt_tokens + request.answer_tokens)
-        if request.new_conversation:
-            self.ctx, self.history = 0.0, 0.0
-            self._keep = float(request.system_tokens)
-            self._pending_history = request.system_tokens + turn
-        else:
-            self._pending_history += turn
-        self.history += turn
-
     def busy(self) -> bool:
         return self.current is not None or bool(self.queue) or self._swap is not None
 
@@ -324,25 +290,27 @@ class EngineSim:
         assert self.config is not None
         n_ctx = self.config.n_ctx
         if request.new_conversation:
-            self.ctx, self.history, self._pending_history = 0.0, 0.0, 0.0
-            self._keep = float(request.system_tokens)
+            self.chat.ctx, self.chat.history, self.chat.pending = 0.0, 0.0, 0.0
+            self.chat.keep = float(request.system_tokens)
             prefill = float(request.system_tokens + request.prompt_tokens)
         else:
-            need = self._pending_history + request.prompt_tokens + request.answer_tokens
-            if self._pending_history and self.ctx + need > n_ctx:
+            need = self.chat.pending + request.prompt_tokens + request.answer_tokens
+            if self.chat.pending and self.chat.ctx + need > n_ctx:
                 # re-evaluating after a reload: nothing cached to shift, trim what is evaluated (n_keep/n_discard)
-                self._pending_history = max(0.0, min(self._pending_history, n_ctx // 2 - request.prompt_tokens))
-            elif self.ctx + need > n_ctx:
-                self._shift(need)  # prefix reuse: only the new prompt is evaluated after the shift
-            prefill = self._pending_history + request.prompt_tokens
-            self._pending_history = 0.0
-        if self.ctx + prefill >= n_ctx:
+                self.chat.pending = max(0.0, min(self.chat.pending, n_ctx // 2 - request.prompt_tokens))
+            elif self.chat.ctx + need > n_ctx:
+                self.stats.shifts += self.chat.shift(
+                    need, n_ctx
+                )  # prefix reuse: only the new prompt is evaluated after the shift
+            prefill = self.chat.pending + request.prompt_tokens
+            self.chat.pending = 0.0
+        if self.chat.ctx + prefill >= n_ctx:
             self.stats.failed += 1  # the prompt alone does not fit: llama.cpp raises ValueError
             self.finished.append(now)
             return
         self.current = request
         self.prefill_left = prefill
-        self.answer_left = min(float(request.answer_tokens), n_ctx - self.ctx - prefill)
+        self.answer_left = min(float(request.answer_tokens), n_ctx - self.chat.ctx - prefill)
         self.answer_done = 0.0
         if self.answer_left < request.answer_tokens:
             self.stats.truncated += 1
@@ -375,7 +343,7 @@ class EngineSim:
         n = self._big + self._little
         while now < end - 1e-12:
             sw = self._swap
-            if sw is not None and sw.due(now, self.ctx + self.prefill_left):
+            if sw is not None and sw.due(now, self.chat.ctx + self.prefill_left):
                 duty = busy / h * share
                 big, little = self._big * duty, self._little * duty
                 self._switch(now)  # a new config: the rest of the step runs with it
@@ -414,14 +382,14 @@ class EngineSim:
                 spent = min(left, self.prefill_left / rate)
                 done = rate * spent
                 self.prefill_left -= done
-                self.ctx += done
+                self.chat.ctx += done
                 self.stats.prefill_tokens += done
                 busy += spent * rate / computing * on  # waiting for storage is not CPU work
                 if self.prefill_left <= 1e-9:
                     self.prefill_left = 0.0
             else:
                 assert self.current is not None
-                bandwidth = self.spec.bandwidth_gb_s * 1e9 / (weights + kv_per_tok * self.ctx)
+                bandwidth = self.spec.bandwidth_gb_s * 1e9 / (weights + kv_per_tok * self.chat.ctx)
                 computing = limit = min(compute * on * tier.thread_tok_s, bandwidth * slowdown)
                 if reread_s:
                     limit = 1.0 / (1.0 / limit + reread_s)
@@ -434,7 +402,7 @@ class EngineSim:
                     self.stats.ttft_s.append(self.current.first_token_s - self.current.arrival_s)
                 self.answer_left -= done
                 self.answer_done += done
-                self.ctx += done
+                self.chat.ctx += done
                 self.stats.tokens += done
                 self.stats.decode_s += spent
                 self.window_tokens += done
@@ -442,7 +410,7 @@ class EngineSim:
                 self.stats.rate_samples.append((rate, spent))
                 busy += spent * rate / computing * on
                 if self.answer_left <= 1e-9:
-                    self.history = self.ctx
+                    self.chat.history = self.chat.ctx
                     self.stats.answers += 1
                     self.current = None
                     self.finished.append(now + spent)

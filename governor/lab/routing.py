@@ -61,7 +61,7 @@ class UpstreamSim:
             return True
         if self.gate.off:
             return True
-        prompt = request.prompt_tokens + round(engine.pending_tokens())  # the routed turns are not in its cache
+        prompt = request.prompt_tokens + round(engine.chat.pending_tokens())  # the routed turns are not in its cache
         return not predict(self.policy, self.decision, self.measured(engine), prompt).meets
 
     def submit(self, request: Request, t: float, context_tokens: float) -> None:

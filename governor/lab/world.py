@@ -142,8 +142,8 @@ class World:
         engine, upstream = self.engine, self.upstream
         for request in self.driver.arrivals(t):
             if upstream is not None and upstream.wants(request, engine):
-                upstream.submit(request, t, engine.conversation_tokens())
-                engine.routed(request)
+                upstream.submit(request, t, engine.chat.tokens())
+                engine.chat.routed(request)
             else:
                 engine.submit(request)
         if upstream is not None:
@@ -288,7 +288,7 @@ class SimulatedEngine:
             model=engine.config.model,
             rss_bytes=engine.resident_bytes(),  # 0 while loading: the snapshot's available memory holds it all
             threads=engine.config.threads,
-            context_tokens=round(engine.ctx),
+            context_tokens=round(engine.chat.ctx),
         )
 
     def apply(self, decision: Decision) -> None:

@@ -38,7 +38,7 @@ def test_a_chat_outgrowing_the_context_shifts_it_and_evaluates_only_new_prompts(
     assert engine.stats.prefill_tokens == pytest.approx(12 * 100)  # never the history again
     assert engine.stats.truncated == 0
     assert engine.stats.tokens == pytest.approx(12 * 200)
-    assert engine.ctx <= 1024
+    assert engine.chat.ctx <= 1024
     ttft = engine.stats.ttft_s[1:]  # the first waited for the load
     assert max(ttft) < 1.2 * min(ttft)  # a turn after a shift costs what any other does (the same prompt size)
 
@@ -48,14 +48,14 @@ def test_an_n_ctx_change_keeps_the_cache_and_a_kv_change_evaluates_it_again() ->
     t = turn(engine, t, prompt=100, answer=300)
     engine.apply(EngineConfig(threads=4, n_ctx=1024, model=BIG.name), t)  # still fits: copied as it is
     assert (engine.stats.reloads, engine.stats.resizes) == (1, 1)
-    assert engine.ctx == pytest.approx(400)
+    assert engine.chat.ctx == pytest.approx(400)
     t = turn(engine, t, prompt=100, answer=300)
     assert engine.stats.prefill_tokens == pytest.approx(200)
     engine.apply(EngineConfig(threads=4, n_ctx=512, model=BIG.name), t)  # 800 cached > 512: evaluated again
     assert (engine.stats.reloads, engine.stats.resizes) == (2, 1)
     t = turn(engine, t, prompt=50, answer=100)
     assert engine.stats.prefill_tokens == pytest.approx(200 + 256 + 50)  # the newest half of the new context
-    kept = min(engine.ctx, 256)  # the newest half of the context
+    kept = min(engine.chat.ctx, 256)  # the newest half of the context
     engine.apply(EngineConfig(threads=4, n_ctx=512, kv_type="q8_0", model=BIG.name), t)  # new cache: evaluated again
     t = turn(engine, t, prompt=50, answer=100)
     assert engine.stats.reloads == 3

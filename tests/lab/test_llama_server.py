@@ -45,8 +45,8 @@ def test_a_threads_change_waits_for_the_answer_then_restarts_with_the_slot_resto
     assert e.config is not None
     assert e.config.threads == 2
     assert (e.stats.restarts, e.stats.restores) == (1, 1)
-    assert e.ctx == pytest.approx(1500)  # the conversation kept: nothing to evaluate again
-    assert e.pending_tokens() == 0
+    assert e.chat.ctx == pytest.approx(1500)  # the conversation kept: nothing to evaluate again
+    assert e.chat.pending_tokens() == 0
     assert e.ready_s > t  # the server's start, the weights from the page cache, the slot read back
     assert e.stats.tokens == pytest.approx(400)
 
@@ -58,8 +58,8 @@ def test_a_kv_change_restarts_and_the_conversation_is_evaluated_again() -> None:
     e.apply(BASE.model_copy(update={"kv_type": "q8_0"}), t)
 
     assert (e.stats.restarts, e.stats.restores) == (1, 0)
-    assert e.ctx == 0
-    assert e.pending_tokens() == pytest.approx(1300)  # the next turn evaluates it first
+    assert e.chat.ctx == 0
+    assert e.chat.pending_tokens() == pytest.approx(1300)  # the next turn evaluates it first
 
 
 def test_the_rate_cap_is_live_no_restart() -> None:

@@ -57,7 +57,7 @@ def test_a_kv_change_mid_answer_is_built_warm_beside_it_and_the_answer_never_sto
     alone = e.resident_bytes()
     full_speed = e.uncapped_tokens_per_s
     e.apply(Q8, a.t)
-    changed, cached = a.t, e.ctx
+    changed, cached = a.t, e.chat.ctx
     assert e.config == F16  # the answer goes on in the old context meanwhile
     assert e.resident_bytes() == pytest.approx(alone + NEED, abs=1)  # both contexts' memory
     a.step()
@@ -165,8 +165,8 @@ def test_an_answer_that_ends_during_the_swap_leaves_the_conversation_in_the_new_
     a.to_end()  # the answer ended, then the build: busy until the switch
     assert e.config == Q8
     assert e.stats.warm_swaps == 1
-    gap = e.pending_tokens()  # the answer's last tokens, which came after the swap's last round
-    assert e.ctx + gap == pytest.approx(1700)  # the whole conversation: cached or to evaluate
+    gap = e.chat.pending_tokens()  # the answer's last tokens, which came after the swap's last round
+    assert e.chat.ctx + gap == pytest.approx(1700)  # the whole conversation: cached or to evaluate
     assert gap < 3
     prefilled = e.stats.prefill_tokens
     e.submit(Request(a.t, prompt_tokens=50, answer_tokens=10, new_conversation=False, system_tokens=100))
