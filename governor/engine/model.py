@@ -253,6 +253,12 @@ class LoadedModel:
             known = self._tokens[token] = (eog, self._buf.raw[:n] if n > 0 else b"")
         return known
 
+    def set_live(self, settings: EngineConfig) -> None:
+        """Apply the settings llama.cpp changes between two tokens (the knobs' `live` flag; the rate cap is the
+        worker's pace, not the model's)."""
+        if settings.threads != self.threads:
+            self.set_threads(settings.threads)
+
     def set_threads(self, n: int) -> None:
         # Takes effect at the next decode; assigning `Llama.n_threads` alone would change nothing.
         llama_cpp.llama_set_n_threads(self.llm.ctx, n, n)

@@ -89,8 +89,7 @@ class Reconfig:
                 log.info("engine.config", applied="unloaded", **target.model_dump())
                 continue
             if kind(self.settings, target) == "live":
-                if target.threads != self.model.threads:
-                    self.model.set_threads(target.threads)
+                self.model.set_live(target)
                 self.settings = target
                 cj.done(target, "live", time.perf_counter() - t0)
                 self._on_change()
