@@ -10,11 +10,10 @@ from typing import TextIO
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from governor.actuator import Actuator
 from governor.clock import VirtualClock
 from governor.lab.device import DeviceSpec
 from governor.lab.workload import WorkloadSpec
-from governor.lab.world import Series, SimulatedClock, SimulatedDevice, SimulatedEngine, World
+from governor.lab.world import Series, SimulatedDevice, SimulatedEngine, World, actuators
 from governor.loop import Decider, GovernorLoop
 from policies.decision import Decision
 from sensors.snapshot import EngineObservation, Snapshot, TraceRecord
@@ -127,8 +126,8 @@ def simulate(
             loop.wake.set()
 
     sensors, engine = SimulatedDevice(world, clock), SimulatedEngine(world, clock)
-    actuators: list[Actuator] = [engine, SimulatedClock(world)]  # in the daemon's order (governor.daemon.app.build)
-    loop = GovernorLoop(sensors, decider, engine, clock, actuators=actuators, listeners=[world.on_tick, listen])
+    listeners = [world.on_tick, listen]
+    loop = GovernorLoop(sensors, decider, engine, clock, actuators=actuators(world, engine), listeners=listeners)
     for event in workload.event:
         if event.plugged is not None:  # a power_supply uevent: the daemon ticks at once (udev), so does the lab
             clock.call_at(event.at_s, loop.wake.set)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from governor.actuator import Actuator
 from governor.clock import Clock
 from governor.lab.device import MB, DeviceSpec
 from governor.lab.engine import EngineSim
@@ -321,3 +322,8 @@ class SimulatedClock:
 
     def status(self) -> dict[str, Any]:
         return {"writable": self.world.device.cpu.freq_writable, "ratio": self.world.user_cap}
+
+
+def actuators(world: World, engine: SimulatedEngine) -> list[Actuator]:
+    """The lab's actuators, each the simulated twin of the daemon's, in the daemon's order (governor.daemon.app)."""
+    return [engine, SimulatedClock(world)]
