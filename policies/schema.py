@@ -9,7 +9,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 
-from policies.decision import Ctx, KvType, ModelName, State, Threads, TokensPerS
+from policies.decision import Ctx, KvType, ModelName, NBatch, State, Threads, TokensPerS
 
 KV_ORDER: tuple[KvType, ...] = ("f16", "q8_0", "q4_0")  # most precise first; later = smaller KV cache
 MODEL_LARGEST = "largest"  # model selectors resolved against the ladder
@@ -186,10 +186,10 @@ class Memory(StrictModel):
     psi_shrink_fraction: Fraction = 0.25  # each shrink asks for this much less memory than the current config
     psi_step_s: PositiveSeconds = 5.0  # at most one shrink per this while pressure stays high
     psi_exit_debounce_s: Seconds = 30.0
-    min_ctx: int = Field(default=512, ge=64, le=1 << 20)
+    min_ctx: Ctx = 512
     ctx_multiple: int = Field(default=256, ge=1, le=1 << 16)
-    n_batch: int = Field(default=512, ge=32, le=8192)  # the engine's, unless memory asks for less
-    min_n_batch: int = Field(default=64, ge=32, le=8192)  # lowered (halved) down to this before a smaller tier
+    n_batch: NBatch = 512  # the engine's, unless memory asks for less
+    min_n_batch: NBatch = 64  # lowered (halved) down to this before a smaller tier
     kv_fallback: bool = True  # quantise the KV cache further before shrinking the context
 
     @model_validator(mode="after")
