@@ -1,5 +1,6 @@
-"""The layers point one way: govbase <- sensors <- policies <- governor (engine, lab <- daemon), and no modules import
-each other in a circle.
+"""The layers point one way: govbase <- sensors <- policies <- governor's loop (loop, actuator, clock) <- engine <-
+daemon and lab (neither imports the other) <- views and the CLI; the demo models' tooling stands apart. And no modules
+import each other in a circle.
 
 Every `import` and `from ... import` in the source is read with `ast` (including imports inside functions and under
 TYPE_CHECKING), so a lazy import that points the wrong way, or closes a circle, fails here as well as a top-level one.
@@ -18,12 +19,17 @@ ROOT = Path(__file__).resolve().parent.parent
 OURS = ("govbase", "sensors", "policies", "governor")
 
 # package prefix -> the packages of ours it must not import (prefix match on the dotted module name)
+APPS = ("governor.daemon", "governor.lab", "governor.views", "governor.demo", "governor.benchdevice", "governor.cli")
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "govbase": ("sensors", "policies", "governor"),
     "sensors": ("policies", "governor"),
     "policies": ("governor",),
-    "governor.engine": ("governor.daemon", "governor.lab"),
-    "governor.lab": ("governor.daemon",),
+    # the loop and what it is built from, shared by the daemon and the lab: below every application of it
+    **dict.fromkeys(("governor.loop", "governor.actuator", "governor.clock"), ("governor.engine", *APPS)),
+    "governor.engine": ("governor.daemon", "governor.lab", "governor.views", "governor.demo", "governor.benchdevice"),
+    "governor.lab": ("governor.daemon", "governor.views", "governor.demo", "governor.benchdevice"),
+    "governor.daemon": ("governor.lab", "governor.views", "governor.demo", "governor.benchdevice"),
+    "governor.demo": ("governor.engine", "governor.daemon", "governor.lab", "governor.views"),
 }
 
 
@@ -134,6 +140,8 @@ def test_the_circle_finder_finds_a_lazy_circle_and_not_a_chain(tmp_path: Path) -
         ("policies/bad.py", "def f():\n    import governor.lab.world\n"),
         ("governor/engine/bad.py", "from ..daemon import proxy\n"),
         ("governor/lab/bad.py", "from governor.daemon.supervisor import x\n"),
+        ("governor/loop.py", "from governor.daemon import app\n"),
+        ("governor/daemon/bad.py", "from governor.lab import world\n"),
         ("govbase/bad.py", "import sensors.root\n"),
     ],
 )
@@ -143,7 +151,8 @@ def test_the_checker_catches_each_kind(tmp_path: Path, file: str, source: str) -
     (tmp_path / file).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / file).write_text(source)
     (tmp_path / "governor/daemon").mkdir(exist_ok=True)
-    (tmp_path / "governor/daemon/ok.py").write_text("from governor.lab import world\nimport policies\n")
+    (tmp_path / "governor/views").mkdir(exist_ok=True)
+    (tmp_path / "governor/views/ok.py").write_text("from governor.lab import world\nimport governor.daemon\n")
     assert [v.split(": ", 1)[0] for v in violations(tmp_path)] == [f"{file}:{source.count(chr(10))}"]
 
 
