@@ -1,7 +1,7 @@
 """A client for the engine's socket: its control API (`/engine/status`, `/engine/config`) and its OpenAI API.
 
-`EngineClient` is also the daemon's `EngineControl` (governor/loop.py): `observe()` reads the status as an
-`EngineObservation` (None while the engine cannot be reached), `apply()` posts a `policies.decision.EngineConfig`.
+The daemon's llama-cpp-python driver (governor/daemon/llamacpp.py) talks through it: `observe()` reads the status as an
+`EngineObservation` (None while the engine cannot be reached), `apply()` posts a whole `policies.decision.EngineConfig`.
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ class EngineClient:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
 
-    # -- the daemon's EngineControl ------------------------------------------------------------------------------
+    # -- what the daemon's driver uses -------------------------------------------------------------------------------
 
     def observe(self) -> EngineObservation | None:
         """The engine as the loop sees it; None (and a log line) while it cannot be reached or answers an error."""

@@ -1,5 +1,6 @@
-"""A simulated device as the loop sees it: `SimulatedDevice` is a SensorSource and `SimulatedEngine` an
-EngineControl, both views of one `World` that advances its physics lazily to the clock's time on a fixed grid."""
+"""A simulated device as the loop sees it: `SimulatedDevice` is a SensorSource, `SimulatedEngine` the loop's view of
+the engine, and the actuators' twins (`actuators()`), all views of one `World` that advances its physics lazily to the
+clock's time on a fixed grid."""
 
 from __future__ import annotations
 
