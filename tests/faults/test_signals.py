@@ -129,12 +129,11 @@ def test_a_chat_in_flight_survives_a_sighup_storm(victim: DaemonProc) -> None:
 
 
 @pytest.fixture
-def own_daemon(tmp_path: Path, demo_ladder: Path) -> Iterator[DaemonProc]:
-    """A daemon of its own, for the storms that stop it."""
+def starting_daemon(tmp_path: Path, demo_ladder: Path) -> Iterator[DaemonProc]:
+    """A daemon of its own, just launched: for the storms that stop it, or that come while it starts."""
     sockets = Path(tempfile.mkdtemp(prefix="gvs", dir="/tmp"))
     d = DaemonProc(tmp_path, sockets, demo_ladder, policy=FAULT_POLICY, config=FAULT_CONFIG)
     try:
-        d.wait_ready()
         yield d
     finally:
         if d.proc.poll() is None:
@@ -143,25 +142,24 @@ def own_daemon(tmp_path: Path, demo_ladder: Path) -> Iterator[DaemonProc]:
         shutil.rmtree(sockets, ignore_errors=True)
 
 
-def test_a_sighup_storm_during_start_up_is_survived_and_its_reload_happens(tmp_path: Path, demo_ladder: Path) -> None:
+@pytest.fixture
+def own_daemon(starting_daemon: DaemonProc) -> DaemonProc:
+    starting_daemon.wait_ready()
+    return starting_daemon
+
+
+def test_a_sighup_storm_during_start_up_is_survived_and_its_reload_happens(starting_daemon: DaemonProc) -> None:
     """SIGHUPs from the moment `governor run` became the daemon (before its handlers exist: reading the policy,
     finding sensors, starting the engine) until it serves: it serves, and the reload they asked for happened."""
-    sockets = Path(tempfile.mkdtemp(prefix="gvs", dir="/tmp"))
-    d = DaemonProc(tmp_path, sockets, demo_ladder, policy=FAULT_POLICY, config=FAULT_CONFIG)
-    try:
-        cmdline = Path(f"/proc/{d.proc.pid}/cmdline")
-        eventually(lambda: b"governor.daemon" in cmdline.read_bytes(), timeout_s=30, interval_s=0.001)
-        thread = storm(d.proc.pid, signal.SIGHUP, 2.0)
-        status = d.wait_ready()
-        thread.join()
-        assert eventually(lambda: d.status()["policy"]["reloads"] >= 1, timeout_s=10)
-        assert status["policy"]["error"] is None
-        assert d.stop() == 0
-    finally:
-        if d.proc.poll() is None:
-            d.proc.kill()
-            d.proc.wait()
-        shutil.rmtree(sockets, ignore_errors=True)
+    d = starting_daemon
+    cmdline = Path(f"/proc/{d.proc.pid}/cmdline")
+    eventually(lambda: b"governor.daemon" in cmdline.read_bytes(), timeout_s=30, interval_s=0.001)
+    thread = storm(d.proc.pid, signal.SIGHUP, 2.0)
+    status = d.wait_ready()
+    thread.join()
+    assert eventually(lambda: d.status()["policy"]["reloads"] >= 1, timeout_s=10)
+    assert status["policy"]["error"] is None
+    assert d.stop() == 0
 
 
 def _stops_cleanly(d: DaemonProc, engine_pid: int) -> None:
