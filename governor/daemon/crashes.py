@@ -3,7 +3,8 @@ on which tier, what was tried, its last words.
 
 The supervisor records one `Crash` per native-looking death (a crash signal or a non-zero exit) and keeps the tail of
 the child's stderr (`StderrTail`, which also copies every line to the daemon's own stderr, so the journal keeps it).
-`explain()` turns them into the line `governor status` and `governor why` show.
+`explain()` turns them into the line `governor status` and `governor why` show. `wait_exit` and `terminate` are the
+supervisor's waits on the child.
 """
 
 from __future__ import annotations
@@ -162,3 +163,13 @@ def wait_exit(proc: subprocess.Popen[bytes], timeout_s: float) -> int:
     finally:
         os.close(fd)
     return proc.wait()
+
+
+def terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> int:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout_s`; its return code."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()

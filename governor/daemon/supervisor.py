@@ -30,6 +30,7 @@ from governor.daemon.crashes import (
     memory_kill_evidence,
     phase_of,
     read_kernel_log,
+    terminate,
     wait_exit,
 )
 from governor.daemon.desired import DesiredEngine
@@ -230,12 +231,7 @@ class EngineSupervisor:
             with self._lock:
                 idle = self._requests <= self._answered
             if self.status.waiting is not None and idle and not self._stop.is_set():
-                proc.send_signal(signal.SIGTERM)  # nothing in flight: stop now, no answer is cut
-                try:
-                    return proc.wait(self.restart.hang_s), HELD
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    return proc.wait(), HELD
+                return terminate(proc, self.restart.hang_s), HELD  # nothing in flight: stop now, no answer is cut
             if self._stop.is_set() or not probing:
                 continue
             answers = self._answers(proc.pid)
