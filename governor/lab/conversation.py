@@ -15,6 +15,23 @@ class Conversation:
     pending: float = 0.0  # history to evaluate before the next prompt (after a reload)
     keep: float = 0.0  # the system prompt's tokens, which a context shift keeps
 
+    def begin(self, request: Request, n_ctx: int) -> tuple[float, int]:
+        """A local turn starts: the tokens it evaluates before its answer (its prompt, and what the cache lacks of the
+        conversation after a reload or routed turns), and how many context shifts made room for it."""
+        if request.new_conversation:
+            self.ctx, self.history, self.pending = 0.0, 0.0, 0.0
+            self.keep = float(request.system_tokens)
+            return float(request.system_tokens + request.prompt_tokens), 0
+        shifts = 0
+        need = self.pending + request.prompt_tokens + request.answer_tokens
+        if self.pending and self.ctx + need > n_ctx:
+            # re-evaluating after a reload: nothing cached to shift, trim what is evaluated (n_keep/n_discard)
+            self.pending = max(0.0, min(self.pending, n_ctx // 2 - request.prompt_tokens))
+        elif self.ctx + need > n_ctx:
+            shifts = self.shift(need, n_ctx)  # prefix reuse: only the new prompt is evaluated after the shift
+        prefill, self.pending = self.pending + request.prompt_tokens, 0.0
+        return prefill, shifts
+
     def shift(self, need: float, n_ctx: int) -> int:
         """Context shift (llama-server's `--context-shift`): drop the older half of the cache after the kept system
         tokens (`llama_memory_seq_rm` + `llama_memory_seq_add`) until `need` more tokens fit; the rest stays cached.

@@ -289,21 +289,8 @@ class EngineSim:
     def _start(self, request: Request, now: float) -> None:
         assert self.config is not None
         n_ctx = self.config.n_ctx
-        if request.new_conversation:
-            self.chat.ctx, self.chat.history, self.chat.pending = 0.0, 0.0, 0.0
-            self.chat.keep = float(request.system_tokens)
-            prefill = float(request.system_tokens + request.prompt_tokens)
-        else:
-            need = self.chat.pending + request.prompt_tokens + request.answer_tokens
-            if self.chat.pending and self.chat.ctx + need > n_ctx:
-                # re-evaluating after a reload: nothing cached to shift, trim what is evaluated (n_keep/n_discard)
-                self.chat.pending = max(0.0, min(self.chat.pending, n_ctx // 2 - request.prompt_tokens))
-            elif self.chat.ctx + need > n_ctx:
-                self.stats.shifts += self.chat.shift(
-                    need, n_ctx
-                )  # prefix reuse: only the new prompt is evaluated after the shift
-            prefill = self.chat.pending + request.prompt_tokens
-            self.chat.pending = 0.0
+        prefill, shifts = self.chat.begin(request, n_ctx)
+        self.stats.shifts += shifts
         if self.chat.ctx + prefill >= n_ctx:
             self.stats.failed += 1  # the prompt alone does not fit: llama.cpp raises ValueError
             self.finished.append(now)
