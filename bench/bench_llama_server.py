@@ -1,6 +1,6 @@
 """llama.cpp's own llama-server under the governor (issue 30), measured side by side in one run.
 
-    flock -x /work/team/cpu.lock .venv/bin/python bench/bench_llama_server.py [--rounds 7] [--tokens 128]
+    .venv/bin/python bench/bench_llama_server.py [--rounds 7] [--tokens 128]
 
 1. Decode through the governor: two copies of the same llama-server (`make setup` builds it; SmolLM2-135M-Instruct Q8_0,
    2 threads, no rate cap), one alone on its socket and one under `governor run --engine llama-server` (the daemon's
@@ -33,8 +33,9 @@ from governor.daemon.llamaserver import LlamaServer
 from governor.demo.smollm2 import write_real_models
 from governor.engine.client import EngineClient
 from governor.programs import find_program
-from policies.decision import EngineConfig
+from policies.decision import RATE_MAX, EngineConfig
 from policies.ladder import ModelLadder, load_ladder
+from policies.loader import parse_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = EngineConfig(threads=2, n_ctx=2048, kv_type="f16", model="large")
@@ -43,7 +44,7 @@ name = "bench-llama-server"
 [contention]
 enabled = false
 """
-STATES = ("idle", "sustained", "hot", "low_battery", "critical")
+STATES = ("idle", "sustained", "low_battery", "critical", "hot")
 PROMPT = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper and the sea."}]
 SAMPLING: dict[str, Any] = {"temperature": 0.0, "ignore_eos": True}
 
@@ -51,7 +52,7 @@ SAMPLING: dict[str, Any] = {"temperature": 0.0, "ignore_eos": True}
 def bench_policy() -> str:
     """Every state asks the same settings: nothing is changed while it is measured."""
     states = "".join(f"\n[states.{s}]\nthreads = 2\nmin_threads = 2\nn_ctx = 2048\n" for s in STATES)
-    return POLICY + states
+    return POLICY + states + f"max_tokens_per_s = {RATE_MAX}\n"  # the last state's: hot must name one
 
 
 @contextlib.contextmanager
@@ -184,6 +185,7 @@ def main() -> int:
     parser.add_argument("--chat-tokens", type=int, default=1500)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    parse_policy(bench_policy(), "bench policy")  # a policy the daemon would refuse fails here, not after a wait
     ladder_file = write_real_models(ROOT / "demo-models")
     ladder = load_ladder(ladder_file)
     print(f"llama-server: {find_program('llama-server')} ({os.cpu_count()} CPUs)")
