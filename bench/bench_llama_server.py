@@ -183,20 +183,25 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--chat-tokens", type=int, default=1500)
+    parser.add_argument("--only", choices=("decode", "threads"), help="one of the two measurements")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     parse_policy(bench_policy(), "bench policy")  # a policy the daemon would refuse fails here, not after a wait
     ladder_file = write_real_models(ROOT / "demo-models")
     ladder = load_ladder(ladder_file)
     print(f"llama-server: {find_program('llama-server')} ({os.cpu_count()} CPUs)")
-    print("decode through the governor's socket vs llama-server alone (SmolLM2 Q8_0, 2 threads):")
-    decode = through_the_governor(ladder_file, ladder, args.rounds, args.tokens)
-    print(f"  median {decode['governed_tok_s']:.1f} / {decode['direct_tok_s']:.1f} tok/s; governed ÷ direct "
-          f"{decode['ratio']:.3f} (goal >= 0.98)")  # fmt: skip
-    print(f"threads 2 -> 1 on a {args.chat_tokens}-token chat: slot restore vs cold restart + prefill:")
-    change = threads_change(ladder, max(2, args.rounds // 2), args.chat_tokens)
-    print(f"  median restore {change['restore_s']:.2f} s, cold {change['cold_s']:.2f} s; restore ÷ cold "
-          f"{change['ratio']:.3f} (goal <= 0.5)")  # fmt: skip
+    decode: dict[str, Any] = {}
+    change: dict[str, Any] = {}
+    if args.only in (None, "decode"):
+        print("decode through the governor's socket vs llama-server alone (SmolLM2 Q8_0, 2 threads):")
+        decode = through_the_governor(ladder_file, ladder, args.rounds, args.tokens)
+        print(f"  median {decode['governed_tok_s']:.1f} / {decode['direct_tok_s']:.1f} tok/s; governed ÷ direct "
+              f"{decode['ratio']:.3f} (goal >= 0.98)")  # fmt: skip
+    if args.only in (None, "threads"):
+        print(f"threads 2 -> 1 on a {args.chat_tokens}-token chat: slot restore vs cold restart + prefill:")
+        change = threads_change(ladder, max(2, args.rounds // 2), args.chat_tokens)
+        print(f"  median restore {change['restore_s']:.2f} s, cold {change['cold_s']:.2f} s; restore ÷ cold "
+              f"{change['ratio']:.3f} (goal <= 0.5)")  # fmt: skip
     if args.json:
         print(json.dumps({"decode": decode, "threads_change": change}))
     return 0
