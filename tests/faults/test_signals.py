@@ -26,12 +26,13 @@ FAULT_KIND = "signals"
 ZONE_TEMP = "sys/class/thermal/thermal_zone0/temp"
 
 
-def storm(pid: int, signum: int, seconds: float) -> threading.Thread:
-    """Back-to-back os.kill for `seconds`, on a thread (the test watches the daemon meanwhile)."""
+def storm(pid: int, signum: int, seconds: float, until: threading.Event | None = None) -> threading.Thread:
+    """Back-to-back os.kill for `seconds` (or until `until` is set), on a thread (the test watches the daemon
+    meanwhile)."""
 
     def run() -> None:
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (until is not None and until.is_set()):
             try:
                 os.kill(pid, signum)
             except ProcessLookupError:
@@ -154,9 +155,13 @@ def test_a_sighup_storm_during_start_up_is_survived_and_its_reload_happens(start
     d = starting_daemon
     cmdline = Path(f"/proc/{d.proc.pid}/cmdline")
     eventually(lambda: b"governor.daemon" in cmdline.read_bytes(), timeout_s=30, interval_s=0.001)
-    thread = storm(d.proc.pid, signal.SIGHUP, 2.0)
-    status = d.wait_ready()
-    thread.join()
+    served = threading.Event()
+    thread = storm(d.proc.pid, signal.SIGHUP, 120.0, until=served)  # however slowly it starts
+    try:
+        status = d.wait_ready()
+    finally:
+        served.set()
+        thread.join()
     assert eventually(lambda: d.status()["policy"]["reloads"] >= 1, timeout_s=10)
     assert status["policy"]["error"] is None
     assert d.stop() == 0
