@@ -181,7 +181,7 @@ class Decision(BaseModel):
     # Nothing fits in memory: keep the engine stopped (requests wait) until this is None again; says why.
     engine_wait: str | None = None
     _why: Why | None = PrivateAttr(default=None)
-    _outlook: Outlook = PrivateAttr(default=UNKNOWN)
+    _outlook: Outlook = PrivateAttr(default_factory=lambda: UNKNOWN)  # a default would be deep-copied (10 µs)
 
     def __init__(
         self,
@@ -193,8 +193,8 @@ class Decision(BaseModel):
     ) -> None:
         super().__init__(**fields)
         given = (reason, dict(readings or {}))
-        self._why = lambda: given
-        self._outlook = outlook
+        # Both private attributes in one write (pydantic's per-attribute __setattr__ costs ~6 µs each).
+        object.__setattr__(self, "__pydantic_private__", {"_why": lambda: given, "_outlook": outlook})
 
     @classmethod
     def explained_by(
