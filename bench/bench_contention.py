@@ -85,7 +85,7 @@ def ladder(tmp: Path, gguf: Path) -> Path:
 
 def nominal_threads() -> int:
     """What the default policy asks for while generating, capped at the online CPUs (its behaviour before #17)."""
-    return min(load_policy("default").states[State.SUSTAINED].threads, os.cpu_count() or 1)
+    return min(load_policy("default").states[State.SUSTAINED].thread_limit, os.cpu_count() or 1)
 
 
 def phase(

@@ -23,7 +23,7 @@ from typing import NamedTuple
 from policies.decision import KvType, State
 from policies.devicemodel import DeviceModel
 from policies.memfit import ModelFootprint
-from policies.schema import Policy, Power
+from policies.schema import Policy, Power, all_of
 from sensors.snapshot import Battery, EngineObservation
 
 TIE = 0.01  # choices within 1 % of the best: take the one with fewer watts (then fewer threads)
@@ -63,19 +63,20 @@ def allocate(
     clock, a sysfs write, rather than the engine's rate cap, a reconfiguration; the cap is for budgets under every
     step); among those, the most tokens/s, and within 1 % of the most, the fewest watts, then the fewest threads. The
     alternative for the explanation is the same pick among the other thread counts. Plain loops: every tick."""
-    budget = max(0.0, u) * full_threads  # in load units (thread·f^k); all threads at the top clock = full_threads
+    budget = max(0.0, u) * model.load(full_threads, 1.0)  # in load units (threads' power share · f^k)
     limit = budget * (1 + 1e-9)
     budget_w = model.idle_w + model.core_w * budget
     a = model.a or 1.0
     ceiling = math.inf if prefill or model.ceiling is None else model.ceiling
     cells = model.grid(threads, ratios)
+    speed = model.cores.speed
     toks: list[tuple[bool, float]] = []  # per cell: fits the budget uncapped, tokens/s within the budget
     # The most tokens/s among the cells that fit (and among those that do not), the threads of a cell that has it,
     # and the most among the cells with other threads: the alternative's "most" needs no pass of its own.
     fit_top, fit_n, fit_other = -1.0, 0, -1.0
     cap_top, cap_n, cap_other = -1.0, 0, -1.0
     for n, f, load in cells:
-        tok = a * n * f
+        tok = a * speed(n) * f
         if tok > ceiling:  # noqa: PLR1730 (hot path: min() is a call per cell)
             tok = ceiling
         if load <= limit:
@@ -191,7 +192,8 @@ class PowerAllocator:
         return self.ratios is not None
 
     def full_threads(self, cpus: int | None) -> int:
-        return max(1, min(self.hot.threads, cpus or self.hot.threads))
+        """Hot's threads on this CPU: at most its count and the CPUs online, the fastest such count on its cores."""
+        return max(1, self.model.cores.best(all_of(self.hot.thread_limit, cpus)))
 
     def level(self, threads: int, cpus: int | None) -> float:
         """The share of full dynamic power the configuration in force uses: the PI's bumpless start."""
@@ -234,7 +236,7 @@ class PowerAllocator:
             max_rate=self.hot.rate_range[1],
             prefill=prefill,
         )
-        limit = max(0.0, u) * full * (1 + 1e-9)  # the top clock within the budget (load rises with f)
+        limit = max(0.0, u) * self.model.load(full, 1.0) * (1 + 1e-9)  # the top clock within the budget
         self._budget_freq = next(
             (r for r in reversed(ratios) if self.model.load(choice.threads, r) <= limit), choice.freq_ratio
         )

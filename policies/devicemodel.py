@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from policies.cores import Cores
 from policies.schema import Power
 
 SPEED_DECAY = 0.998  # per observation: the peak tokens/s per thread·clock forgets slowly (context fill lowers it)
@@ -23,7 +24,8 @@ RECENT_OBS = 240  # observations: how long a (threads, clock) figure counts as r
 
 
 class DeviceModel:
-    """tokens/s = min(a·n·f, ceiling) and watts = idle + w·n·f^k·duty, with a, ceiling and (idle, w) learned.
+    """tokens/s = min(a·n·f, ceiling) and watts = idle + w·n·f^k·duty, with a, ceiling and (idle, w) learned; n in
+    big-core equivalents of speed and of power where the cores differ (`set_cores`).
 
     The ceiling falls as the context fills: a memory-bound decode step reads all the weights and the KV cache of every
     token in the context, so tokens/s = bandwidth ÷ (weights + kv·fill) = ceiling at an empty context ÷ (1 + s·fill),
@@ -47,6 +49,14 @@ class DeviceModel:
         self.power_observations = 0
         self._model_name: str | None = None  # the engine's model these speed figures are of
         self._speeds: dict[str, tuple[float | None, float | None, dict[tuple[int, float], tuple[float, int]]]] = {}
+        # The cores threads run on (policies/cores.py): n threads give cores.speed(n) one-big-core equivalents of
+        # speed for cores.power(n) of power; on alike cores both are n. `a` is per big-core equivalent.
+        self.cores = Cores((), None)
+
+    def set_cores(self, cores: Cores) -> None:
+        if cores.caps != self.cores.caps:
+            self.cores = cores
+            self._grid_of = (None, ())  # the loads change
 
     @property
     def ceiling(self) -> float | None:
@@ -79,7 +89,7 @@ class DeviceModel:
         self.a, self.ceiling0, self._recent = self._speeds.pop(name, (self._prior_a, None, {}))
 
     def load(self, threads: int, freq: float) -> float:
-        return threads * math.pow(freq, self.k)
+        return self.cores.power(threads) * math.pow(freq, self.k)
 
     def grid(self, threads: Sequence[int], ratios: Sequence[float]) -> tuple[tuple[int, float, float], ...]:
         """(threads, clock, load) for every clock x thread count, the fewest watts first (by load, then threads; equals
@@ -93,7 +103,7 @@ class DeviceModel:
 
     def speed(self, threads: int, freq: float) -> float:
         """Predicted decode tokens/s; in units of one thread at the top clock while `a` is unknown."""
-        compute = (self.a or 1.0) * threads * freq
+        compute = (self.a or 1.0) * self.cores.speed(threads) * freq
         return compute if self.ceiling is None else min(compute, self.ceiling)
 
     def power_w(self, threads: int, freq: float, duty: float = 1.0) -> float:
@@ -122,7 +132,7 @@ class DeviceModel:
 
     def _observe_speed(self, threads: int, freq: float, tok_s: float) -> None:
         self.observations += 1
-        per = tok_s / (threads * freq)
+        per = tok_s / (self.cores.speed(threads) * freq)
         if self.a is None or per >= self.a * SPEED_DECAY:
             self.a = per if self.a is None else max(per, self.a * SPEED_DECAY)
         else:

@@ -39,6 +39,7 @@ class Tick(NamedTuple):
     contention: ThreadsNote | None = None  # contention lowered the threads this tick
     load: Mapping[str, float | None] | None = None  # its readings
     sized_by: tuple[str, ...] = ()  # owners of the holds whose max_tier / max_ctx the config sits at
+    declined: str | None = None  # a wanted change that waits for its price (policies/changecost.py)
 
 
 def _headroom(v: ThermalView) -> str:
@@ -175,6 +176,8 @@ def rule_of(k: Tick) -> tuple[str, Clause]:
         rule = "memory.wait"
     elif k.sense.untrusted and k.state == State.HOT:
         rule = "thermal.untrusted"
+    elif k.declined is not None and k.config == k.prev:
+        rule = "change.priced"
     elif k.sense.pressure:
         rule = "memory.pressure"
     elif k.contention is not None and k.prev is not None and k.config.threads != k.prev.threads:
@@ -235,6 +238,8 @@ def explain(k: Tick, fired: str, clause: Clause) -> tuple[str, Readings]:
             )
     if k.ramping:
         clauses.append(f"threads come back one per {_n(pol.timing.recover_step_s)} s")
+    if k.declined is not None:
+        clauses.append(k.declined)
     if k.sense.pressure and k.sense.psi is not None:
         clauses.append(f"memory pressure {k.sense.psi:.0f} % ≥ {_n(pol.memory.psi_exit)} %, shrinking")
     if k.fit is not None:

@@ -14,21 +14,28 @@ from functools import partial
 from typing import NamedTuple
 
 from policies.allocator import PowerAllocator
-from policies.contention import ThreadFit
+from policies.changecost import Dwell, Price, Rates, price
+from policies.contention import ThreadFit, ThreadsNote
 from policies.controller import PIController
+from policies.cores import Cores
 from policies.decision import PRIORITY, Decision, EngineConfig, Hold, KvType, Outlook, State
 from policies.explain import Tick, explain, rule_of
 from policies.filters import BusyWindow, Forecast, Trigger
 from policies.ladder import ModelLadder
 from policies.loader import PolicyError
-from policies.memfit import MIB, Candidate, Fit, ModelFootprint, fit
+from policies.memfit import MIB, Candidate, Fit, ModelFootprint
+from policies.memplan import MemoryPlan
 from policies.readings import Sense, ZoneFilter
-from policies.schema import KV_ORDER, MODEL_LARGEST, MODEL_SMALLEST, Policy, Power, Profile
-from sensors.snapshot import EngineObservation, Snapshot
+from policies.schema import KV_ORDER, MODEL_LARGEST, MODEL_SMALLEST, Policy, Power, Profile, all_of
+from sensors.snapshot import Cpu, EngineObservation, Snapshot
 
 RANK = {s: i for i, s in enumerate(PRIORITY)}  # 0 = safest
 MITIGATING = frozenset({State.HOT, State.CRITICAL})
 ACTIVITY = frozenset({State.IDLE, State.SUSTAINED})
+NEAR_TRIP_C = 0.5  # this close to the binding zone's trip a cut in power is urgent (pays any price)
+URGENT_CUT = 0.25  # over the PI's setpoint, a cut of the rate cap by this share (or a thread) pays any price
+NEAR_TRIP_CUT = 0.1  # ... and this near the trip
+DECODE_PRIOR_TOK_S = 5.0  # the price's decode rate before the engine has reported one
 CONFIGS_KEPT = 256  # distinct engine configs remembered (the hot allocator's rate cap can take many values)
 MODEL_ORDER = {MODEL_LARGEST: 0, MODEL_SMALLEST: 2}  # without a ladder: "smallest" beats a name beats "largest"
 
@@ -45,7 +52,7 @@ class Limits(NamedTuple):
 
     @classmethod
     def of(cls, state: State, p: Profile) -> Limits:
-        return cls(state, p.threads, p.n_ctx, KV_ORDER.index(p.kv_type), p.model, p.max_tokens_per_s)
+        return cls(state, p.thread_limit, p.n_ctx, KV_ORDER.index(p.kv_type), p.model, p.max_tokens_per_s)
 
     def at(self, threads: int, rate: float | None) -> Limits:
         """This profile with other threads and rate cap (`_replace`, at a third of its cost)."""
@@ -90,13 +97,17 @@ class StateMachine:
         self._prefill = False  # the engine is busy with a prompt (no tokens yet): compute-bound
         self._contended = False  # other processes hold cores (the device model learns nothing then)
         self._threads_t = -math.inf  # when threads last changed (recovery steps count from there)
-        self._budget: float | None = None  # memory budget after input hysteresis
-        self._budget_raw = 0.0  # ... before PSI's shrink
-        self._budget_t = -math.inf
-        self._pressure_cap: float | None = None  # bytes (with footprints) or n_ctx (without)
+        self.memory = MemoryPlan(mem, policy.timing)
+        self._pressure_cap: int | None = None  # n_ctx, without a ladder (with one: MemoryPlan)
         self._shrink_t = -math.inf
-        self._last_fit: Fit | None = None
-        self._fit_cache: dict[tuple[int, int, str, int], Fit] = {}
+        self._lmkd = False
+        # The change gate (policies/changecost.py): when the live settings and the reload settings last changed
+        self._live_t = self._reload_t = self._model_t = -math.inf
+        self._decode_tok_s: float | None = None  # the engine's last decode rate (the price's prefill prior)
+        self._waiting = False  # the last decision stopped the engine (nothing runs without a kill)
+        self._cores_key: tuple[object, ...] | None = None  # the clusters the device model's cores were built from
+        ch = policy.changes
+        self._dwell = Dwell(ch.live_dwell_s, ch.amortize, ch.model_dwell_s)
         self._configs: dict[tuple[object, ...], EngineConfig] = {}
         self._ramping = False
         self._untrusted_since: float | None = None  # since when trusted zones give no plausible reading
@@ -127,7 +138,7 @@ class StateMachine:
 
     # -- the tick ----------------------------------------------------------------------------------------------
 
-    def decide(
+    def decide(  # noqa: PLR0915 (one tick, read top to bottom)
         self, snapshot: Snapshot, engine: EngineObservation | None, t: float, holds: Sequence[Hold] = ()
     ) -> Decision:
         margin: float | None = None
@@ -135,6 +146,9 @@ class StateMachine:
             power = self.policy.power
             margin = power.throttled_margin_c if snapshot.cpu.throttled else power.control_margin_c
         sense = self._sense(snapshot, engine, t, margin)
+        self._lmkd = bool(snapshot.memory.lmkd)
+        if engine is not None and engine.tokens_per_s:
+            self._decode_tok_s = engine.tokens_per_s
         desired = State.IDLE
         for s in PRIORITY:  # the safest state whose condition is on (a plain loop: every tick)
             trigger = self.triggers.get(s)
@@ -156,6 +170,7 @@ class StateMachine:
             rate_cap, freq = prev.max_tokens_per_s, snapshot.cpu.freq_ratio
             self.power.observe(prev.threads, rate_cap, freq, engine, battery=sense.battery, on_power=sense.on_power)
         self.power.choice, self._cpus = None, snapshot.cpu.count
+        self._set_cores(snapshot.cpu)
         self._prefill = engine is not None and engine.busy and not engine.tokens_per_s  # a prompt: no tokens yet
         self._fit_threads.update(snapshot.cpu, engine, prev is not None and prev.max_tokens_per_s is not None, t)
         active = self._in_force(pin, sense, prev, t)
@@ -165,11 +180,13 @@ class StateMachine:
             rate_caps = [h.max_tokens_per_s for h in live if h.max_tokens_per_s is not None]
             sizing = [h for h in live if h.max_tier is not None or h.max_ctx is not None]  # e.g. after a memory kill
         # Never more threads than online CPUs: llama.cpp's threads wait for each other at every step, so an
-        # oversubscribed core slows them all (a 4-thread profile on a 2-core box). Unknown count: no cap.
-        cpus = [snapshot.cpu.count] if snapshot.cpu.count else []
-        threads = min([lim.threads for lim in active] + caps + cpus)
+        # oversubscribed core slows them all (a 4-thread profile on a 2-core box). Unknown count: "all" is 4.
+        # On cores of different speed, the count at or under that with the most speed (policies/cores.py).
+        cores = self.power.model.cores
+        threads = cores.best(all_of(min([lim.threads for lim in active] + caps), snapshot.cpu.count))
         # ... and none on cores other processes hold, unless fewer measured faster (policies/contention.py).
         threads, contention = self._fit_threads.limit(threads, t)
+        threads = cores.best(threads)
         rates = [lim.rate for lim in active if lim.rate is not None] + rate_caps
         rate = min(rates) if rates else None
         threads, rate = self._recover(threads, rate, prev, t)
@@ -182,12 +199,18 @@ class StateMachine:
         )
         n_batch = fitted.n_batch if fitted is not None and fitted.n_batch else self.policy.memory.n_batch
         config = self._config(threads, n_ctx, kv=kv, model=model, rate=rate, n_batch=n_batch)
+        urgent = self._urgency(
+            prev, config, snapshot=snapshot, sense=sense, previous_state=previous_state, contention=contention,
+            capped=bool(caps or rate_caps), sized=bool(sizing), fitted=fitted,
+        )  # fmt: skip
+        config, declined = self._admit(prev, config, urgent=urgent, engine=engine, t=t)
+        self._waiting = fitted is not None and fitted.wait is not None
 
         tick = Tick(
             t=t, policy=self.policy, sense=sense, previous_state=previous_state, state=self.state, label=label,
             desired=desired, held_for_s=held_for, prev=prev, config=config, pi_u=self._pi_u, fit=fitted,
             ramping=self._ramping, engine=engine, capped=bool(caps or rate_caps or sizing), choice=self.power.choice,
-            contention=contention, load=self._fit_threads.readings(),
+            contention=contention, load=self._fit_threads.readings(), declined=declined,
             sized_by=tuple(h.owner for h in sizing if model == h.max_tier or n_ctx == h.max_ctx),
         )  # fmt: skip
         self._calm = self._is_calm(sense, engine, label)
@@ -363,9 +386,118 @@ class StateMachine:
             if self.state != State.HOT and threads < target and prev.max_tokens_per_s is not None:
                 rate = prev.max_tokens_per_s if rate is None else min(rate, prev.max_tokens_per_s)
         self._ramping = threads < target
-        if prev is None or threads != prev.threads:
-            self._threads_t = t
         return threads, rate
+
+    def _outgrown(self, config: EngineConfig) -> bool:
+        """`config` no longer fits the memory budget (the exit band) or would meet the killer: the shrink is urgent.
+        Growing is what waits for its price."""
+        fp = self.footprints.get(config.model)
+        if fp is None:  # no ladder: memory pressure's cap on the context is all there is
+            return self._pressure_cap is not None and config.n_ctx > self._pressure_cap
+        size = fp.total_bytes(config.n_ctx, config.kv_type, self.policy.memory, config.n_batch)
+        return (self.memory.budget is not None and size > self.memory.budget) or self._kills(config)
+
+    def _set_cores(self, cpu: Cpu) -> None:
+        key = (cpu.clusters, cpu.count)
+        if key != self._cores_key:
+            self._cores_key = key
+            self.power.model.set_cores(Cores(cpu.clusters, cpu.count))
+
+    def _kills(self, config: EngineConfig) -> bool:
+        """Running `config` now would meet the killer (MemoryPlan.kill_predicted)."""
+        fp = self.footprints.get(config.model)
+        if fp is None:
+            return False
+        size = fp.total_bytes(config.n_ctx, config.kv_type, self.policy.memory, config.n_batch)
+        fit = Fit(config.model, config.n_ctx, config.kv_type, size, "applied", n_batch=config.n_batch)
+        return self.memory.kill_predicted(fit, [Candidate(config.model, fp, config.n_ctx, True)], lmkd=self._lmkd)
+
+    def _price(self, prev: EngineConfig, want: EngineConfig, engine: EngineObservation | None) -> Price:
+        ch = self.policy.changes
+        decode = self._decode_tok_s or DECODE_PRIOR_TOK_S
+        rates = Rates(prefill_tok_s=decode * ch.prefill_ratio, load_mb_s=ch.load_mb_s, context_s=ch.context_s)
+        fill = engine.context_tokens if engine is not None and engine.context_tokens is not None else 0
+        weights = {name: float(fp.file_bytes) for name, fp in self.footprints.items()}
+        return price(prev, want, context_tokens=fill, rates=rates, weights_bytes=weights)
+
+    def _urgency(
+        self, prev: EngineConfig | None, config: EngineConfig, *, snapshot: Snapshot, sense: Sense,
+        previous_state: State, contention: ThreadsNote | None, capped: bool, sized: bool, fitted: Fit | None,
+    ) -> tuple[bool, bool]:  # fmt: skip
+        """(the live settings' change is urgent, the reload settings' change is urgent): urgent changes pay any price.
+        Critical, a safer state, a client's hold; for threads and the rate cap, a cut near the trip, beside a process
+        that took a core, or below the CPUs online; for context, KV and model, a setting that outgrew the memory
+        budget, or a stop or a start."""
+        if prev is None or config == prev:
+            return True, True
+        crit = self.state == State.CRITICAL or RANK[self.state] < RANK[previous_state] or sense.crit_memory
+        view, temp = sense.view, sense.view.temp_c
+        fewer = config.threads < prev.threads
+        old_rate, new_rate = prev.max_tokens_per_s or math.inf, config.max_tokens_per_s or math.inf
+        cut = fewer or new_rate <= (1 - URGENT_CUT) * old_rate  # a real cut, not the PI's next decimal
+        step = fewer or new_rate <= (1 - NEAR_TRIP_CUT) * old_rate
+        near_trip = temp is not None and temp >= view.trip_c - NEAR_TRIP_C
+        over_setpoint = temp is not None and temp >= view.setpoint_c
+        overcommit = snapshot.cpu.count is not None and prev.threads > snapshot.cpu.count
+        live = (
+            crit
+            or capped
+            or (step and near_trip)
+            or (cut and over_setpoint)
+            or (fewer and (contention is not None or overcommit))
+        )
+        stop_start = fitted is not None and (fitted.wait is not None or self._waiting)
+        reload = crit or sized or stop_start or self._outgrown(prev)
+        return live, reload
+
+    def _admit(
+        self, prev: EngineConfig | None, want: EngineConfig, *, urgent: tuple[bool, bool],
+        engine: EngineObservation | None, t: float,
+    ) -> tuple[EngineConfig, str | None]:  # fmt: skip
+        """Every change has a price: a change that is not urgent waits until the setting in force has lasted long
+        enough to pay for it (policies/changecost.py). Returns the config to apply and, when part of the wanted
+        change waits, what waits and why (for the reason)."""
+        if prev is None or want == prev or not self.policy.changes.enabled:
+            return self._applied(prev, want, t), None
+        live_urgent, reload_urgent = urgent
+        declined = []
+        reload = (want.n_ctx, want.kv_type, want.model, want.n_batch)
+        if prev.needs_reload(want) and not reload_urgent:
+            p = self._price(prev, want, engine)
+            need = self._dwell.needed(p) - (t - self._reload_t)
+            if want.model != prev.model:
+                need = max(need, self._dwell.model_s - (t - self._model_t))
+            if need > 0:
+                reload = (prev.n_ctx, prev.kv_type, prev.model, prev.n_batch)
+                kept = {"n_ctx": prev.n_ctx, "kv_type": prev.kv_type, "model": prev.model, "n_batch": prev.n_batch}
+                change = want.describe(want.model_copy(update=kept))
+                declined.append(f"{change} waits {need:.0f} s: it would cost {p.text}")
+        live = (want.threads, want.max_tokens_per_s)
+        if live != (prev.threads, prev.max_tokens_per_s) and not live_urgent:
+            need = self._dwell.live_s - (t - self._live_t)
+            if need > 0:
+                kept_live: dict[str, object] = {"threads": prev.threads, "max_tokens_per_s": prev.max_tokens_per_s}
+                change = want.describe(want.model_copy(update=kept_live))
+                declined.append(f"{change} waits {need:.0f} s (at most one change per {self._dwell.live_s:g} s)")
+                live = (prev.threads, prev.max_tokens_per_s)
+        if not declined:
+            return self._applied(prev, want, t), None
+        n_ctx, kv, model, n_batch = reload
+        config = self._config(live[0], n_ctx, kv=kv, model=model, rate=live[1], n_batch=n_batch)
+        return self._applied(prev, prev if config == prev else config, t), "; ".join(declined)
+
+    def _applied(self, prev: EngineConfig | None, config: EngineConfig, t: float) -> EngineConfig:
+        """Note when the settings changed (the dwells count from there)."""
+        if prev is None or config.threads != prev.threads:
+            self._threads_t = t  # recovery steps count from here
+        if prev is not None and config == prev:
+            return config
+        self._live_t = t
+        if prev is None or prev.needs_reload(config):
+            self._reload_t = t
+        if prev is None or prev.model != config.model:
+            self._model_t = t
+        return config
 
     def interval_s(self, decision: Decision) -> float:
         timing = self.policy.timing
@@ -407,7 +539,7 @@ class StateMachine:
             gains = self.policy.thermal.pi
             self._pi = PIController.with_defaults(setpoint, switch_on, gains.k_pu, gains.k_po, gains.k_i)
             low = hot.min_threads or 1
-            span = hot.threads - low
+            span = self._hot_top() - low
             level = 1.0 if prev is None or span == 0 else min(1.0, max(0.0, (prev.threads - low) / span))
             if self.power.enabled and prev is not None:  # the budget starts at the power in use: bumpless
                 level = self.power.level(prev.threads, self._cpus)
@@ -424,9 +556,14 @@ class StateMachine:
         low_rate, top_rate = hot.rate_range
         top_rate = top_rate or 1.0  # validated present
         low_rate = low_rate or top_rate
+        top = self._hot_top()
         return self._limits[State.HOT].at(
-            low + math.floor(u * (hot.threads - low) + 0.5), round(low_rate + u * (top_rate - low_rate), 1)
+            low + math.floor(u * max(0, top - low) + 0.5), round(low_rate + u * (top_rate - low_rate), 1)
         )
+
+    def _hot_top(self) -> int:
+        """Hot's most threads on this CPU: its count, at most the CPUs online, the fastest such count on its cores."""
+        return self.power.full_threads(self._cpus)
 
     def _fit(
         self,
@@ -466,45 +603,20 @@ class StateMachine:
         if not candidates:
             return tiers[0].name, min(n_ctx, tiers[0].n_ctx), kv, None
 
-        budget = None if available is None else self._budget_now(available, engine, pressure, t)
-        key = (start, n_ctx, kv, -1 if budget is None else int(budget // MIB))
-        result = self._fit_cache.get(key)
-        if result is None:
-            if len(self._fit_cache) > 4096:
-                self._fit_cache.clear()
-            result = self._fit_cache[key] = fit(
-                candidates, max_ctx=n_ctx, kv_type=kv, budget_bytes=None if budget is None else key[3] * MIB, memory=mem
-            )
-        if result.wait is not None and budget is not None and budget < self._budget_raw:
-            # Only PSI's shrink is short of room: run the smallest setting that fits rather than stop (stopping ends
-            # the pressure, which would start the engine again: a stop/start loop).
-            smallest = fit(
-                candidates[-1:], max_ctx=mem.min_ctx, kv_type=KV_ORDER[-1], budget_bytes=self._budget_raw, memory=mem
-            )
-            if smallest.wait is None:
-                result = smallest
-        self._last_fit = result
+        result = self.memory.plan(
+            candidates, start=start, n_ctx=n_ctx, kv=kv, available=available, engine=engine, pressure=pressure,
+            lmkd=self._lmkd, t=t,
+        )  # fmt: skip
+        if (
+            prev is not None
+            and result.model != prev.model
+            and self.policy.changes.enabled
+            and t - self._model_t < self._dwell.model_s
+            and not self._kills(prev)
+        ):
+            # A model switch at most once per model_dwell_s unless a kill is predicted: the best the model in force
+            # can do meanwhile.
+            same = self.memory.within([c for c in candidates if c.name == prev.model], n_ctx=n_ctx, kv=kv)
+            if same is not None:
+                result = same
         return result.model, result.n_ctx, result.kv_type, result
-
-    def _budget_now(self, available: int, engine: EngineObservation | None, pressure: bool, t: float) -> float:
-        """Bytes the engine may use: available + what the engine holds now (a reload frees it) - the reserve."""
-        mem, timing = self.policy.memory, self.policy.timing
-        in_use = 0.0
-        if engine is not None and engine.rss_bytes is not None:
-            in_use = float(engine.rss_bytes)
-        elif engine is not None and engine.model is not None and self._last_fit is not None:
-            in_use = self._last_fit.bytes  # a model is loaded but its size is not reported: our own estimate
-        budget = available + in_use - mem.reserve_mb * MIB
-        # Input hysteresis: less memory counts at once, more only after it grew by a margin, once per step.
-        if self._budget is None or budget < self._budget:
-            self._budget = budget
-        elif budget >= self._budget + mem.grow_margin_mb * MIB and t - self._budget_t >= timing.recover_step_s:
-            self._budget, self._budget_t = budget, t
-        budget = self._budget_raw = self._budget
-        if not pressure:
-            self._pressure_cap = None
-        elif t - self._shrink_t >= mem.psi_step_s:  # shrink again while the pressure stays, one step at a time
-            current = self._last_fit.bytes if self._last_fit is not None else budget
-            self._pressure_cap = current * (1 - mem.psi_shrink_fraction)
-            self._shrink_t = t
-        return budget if self._pressure_cap is None else min(budget, self._pressure_cap)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_serializer, field_validator, model_validator
 
-from policies.decision import Ctx, KvType, ModelName, NBatch, State, Threads, TokensPerS
+from policies.decision import THREADS_MAX, Ctx, KvType, ModelName, NBatch, State, Threads, TokensPerS
 
 KV_ORDER: tuple[KvType, ...] = ("f16", "q8_0", "q4_0")  # most precise first; later = smaller KV cache
 MODEL_LARGEST = "largest"  # model selectors resolved against the ladder
@@ -57,7 +57,7 @@ class StrictModel(BaseModel):
 class Profile(StrictModel):
     """What a state asks of the engine. `min_*` are the PI controller's lower bounds (used by the hot state)."""
 
-    threads: Threads
+    threads: Threads  # "all" (read as THREADS_MAX): every CPU online (on cores of different speed: the fastest count)
     min_threads: Threads | None = None
     n_ctx: Ctx
     kv_type: KvType = "f16"
@@ -68,7 +68,7 @@ class Profile(StrictModel):
 
     @model_validator(mode="after")
     def _bounds(self) -> Profile:
-        if self.min_threads is not None and self.min_threads > self.threads:
+        if self.min_threads is not None and self.min_threads > self.thread_limit:
             raise ValueError(f"min_threads {self.min_threads} > threads {self.threads}")
         if self.min_tokens_per_s is not None and (
             self.max_tokens_per_s is None or self.min_tokens_per_s > self.max_tokens_per_s
@@ -76,10 +76,33 @@ class Profile(StrictModel):
             raise ValueError("min_tokens_per_s needs a max_tokens_per_s at least as large")
         return self
 
+    @field_validator("threads", mode="before")
+    @classmethod
+    def _all(cls, value: object) -> object:
+        return THREADS_MAX if value == ALL else value
+
+    @field_serializer("threads")
+    def _show_all(self, value: int) -> int | str:
+        return ALL if value >= THREADS_MAX else value
+
+    @property
+    def thread_limit(self) -> int:
+        """`threads` as a number: "all" is no limit of the profile's own (the CPUs online bound it; `all_of`)."""
+        return self.threads
+
     @property
     def rate_range(self) -> tuple[float | None, float | None]:
         """(min_tokens_per_s, max_tokens_per_s): the PI controller's bounds on the rate cap."""
         return self.min_tokens_per_s, self.max_tokens_per_s
+
+
+ALL = "all"  # a profile's `threads = "all"`
+UNKNOWN_CPUS = 4  # "all" threads where the snapshot does not say how many CPUs are online
+
+
+def all_of(threads: int, cpus: int | None) -> int:
+    """A thread limit on `cpus` online CPUs (None: unknown): "all" (THREADS_MAX) is every CPU, else UNKNOWN_CPUS."""
+    return min(threads, cpus) if cpus else (UNKNOWN_CPUS if threads >= THREADS_MAX else threads)
 
 
 class Timing(StrictModel):
@@ -191,6 +214,10 @@ class Memory(StrictModel):
     n_batch: NBatch = 512  # the engine's, unless memory asks for less
     min_n_batch: NBatch = 64  # lowered (halved) down to this before a smaller tier
     kv_fallback: bool = True  # quantise the KV cache further before shrinking the context
+    # When nothing fits the budget, the smallest setting still runs (slowly, its weights re-read from storage) if
+    # what the killer counts of it leaves this much of the memory the engine could hold: the engine stops only when
+    # a kill is predicted (policies/memplan.py).
+    kill_margin_mb: MegaBytes = 100.0
 
     @model_validator(mode="after")
     def _psi(self) -> Memory:
@@ -252,6 +279,23 @@ class Contention(StrictModel):
         return self
 
 
+class Changes(StrictModel):
+    """Every change has a price (policies/changecost.py): a change that is not urgent waits until the setting in force
+    has lasted `amortize` times the predicted cost of leaving it, at least `live_dwell_s` (so at most 60 /
+    live_dwell_s changes a minute), and a model switch at most once per `model_dwell_s`. Urgent changes (a predicted
+    kill, critical, near the trip, a contended core, a client's hold) pay any price at once."""
+
+    enabled: bool = True
+    live_dwell_s: Seconds = 30.0
+    amortize: float = Field(default=20.0, ge=0, le=1000)
+    model_dwell_s: Seconds = 300.0
+    # Priors of the price where the engine does not report them: prompt evaluation runs this many times the decode
+    # rate (compute-bound, all threads busy; llama.cpp on CPUs: 4-7x), weights load at this speed (MB/s).
+    prefill_ratio: float = Field(default=4.0, gt=0, le=100)
+    load_mb_s: float = Field(default=200.0, gt=0, le=1e5)
+    context_s: float = Field(default=0.3, ge=0, le=60)  # building a new context
+
+
 class SloTargets(StrictModel):
     """One request class's targets; None: no target of that kind."""
 
@@ -284,6 +328,7 @@ class Policy(StrictModel):
     power: Power = Power()
     engine: EngineOptions = EngineOptions()
     contention: Contention = Contention()
+    changes: Changes = Changes()
     slo: Slo = Slo()
     states: dict[Annotated[State, Strict(False)], Profile]  # TOML keys are strings; State validates them
 

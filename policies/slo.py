@@ -95,7 +95,7 @@ def predict(
     if coming is not None:
         state, why = coming
         profile = policy.states[state]
-        threads = min(threads, profile.threads)
+        threads = min(threads, profile.thread_limit)
         if profile.max_tokens_per_s is not None:
             caps.append((profile.max_tokens_per_s, f"{why}: {state.value} rate cap"))
     decode = _scaled(measured.decode_tokens_per_s, measured.decode_threads, threads)

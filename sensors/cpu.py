@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from sensors.load import Load
 from sensors.root import Reader, Root
-from sensors.snapshot import Cpu
+from sensors.snapshot import Cluster, Cpu
 
 CPU_DIR = "sys/devices/system/cpu"
 LOADED_UTIL_PERCENT = 90.0
@@ -39,6 +39,7 @@ class Core:
     scaling_max_path: str | None  # absent on a few drivers: then only the load rule can say "throttled"
     max_khz: float  # cpuinfo_max_freq: the hardware's limit does not change while running
     policy: str = ""  # the policy directory, resolved: the key of the governor's own cap on it (`own_caps`)
+    capacity: float | None = None  # cpuN/cpu_capacity (arm64: the scheduler's per-core compute capacity, 0-1024)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +65,9 @@ def discover_cpus(root: Root, reader: Reader) -> CpuInventory:
             continue
         scaling_max = f"{freq}/scaling_max_freq"
         cur, cap = f"{freq}/scaling_cur_freq", scaling_max if root.exists(scaling_max) else None
-        cores.append(Core(tuple(numbers), cur, cap, max_khz, policy))
+        capacity_path = f"{base}/cpu{numbers[0]}/cpu_capacity"
+        capacity = reader.number(capacity_path) if root.exists(capacity_path) else None
+        cores.append(Core(tuple(numbers), cur, cap, max_khz, policy, capacity if capacity and capacity > 0 else None))
     online = f"{base}/online"
     return CpuInventory(tuple(cores), online if root.exists(online) else None)
 
@@ -78,6 +81,23 @@ def parse_cpu_list(text: str) -> frozenset[int]:
         if first:
             cpus.update(range(int(first), int(last or first) + 1))
     return frozenset(cpus)
+
+
+def clusters_of(cores: tuple[Core, ...], online: frozenset[int] | None) -> tuple[Cluster, ...]:
+    """The online CPUs grouped by per-core speed, fastest first: `cpu_capacity` where every policy has it (arm64),
+    else `cpuinfo_max_freq`. Empty when all are alike: nothing to choose between."""
+    speeds = [c.capacity for c in cores] if cores and all(c.capacity for c in cores) else [c.max_khz for c in cores]
+    if len({s for s in speeds if s}) < 2:
+        return ()
+    top = max(s for s in speeds if s)
+    by_speed: dict[float, list[int]] = {}
+    for core, speed in zip(cores, speeds, strict=True):
+        cpus = [n for n in core.numbers if online is None or n in online]
+        if speed and cpus:
+            by_speed.setdefault(round(speed / top, 3), []).extend(cpus)
+    if len(by_speed) < 2:
+        return ()
+    return tuple(Cluster(cpus=tuple(sorted(c)), capacity=cap) for cap, c in sorted(by_speed.items(), reverse=True))
 
 
 def read_cpu(
@@ -125,6 +145,7 @@ def read_cpu(
         throttled = capped or starved
     count = len(online) if online is not None else (sum(len(c.numbers) for c in inventory.cores) or None)
     return Cpu(
+        clusters=clusters_of(inventory.cores, online),
         freq_ratio=ratio,
         throttled=throttled,
         count=count,

@@ -8,12 +8,15 @@ from sensors.snapshot import Memory
 
 MEMINFO = "proc/meminfo"
 PSI_MEMORY = "proc/pressure/memory"
+# Android's low memory killer daemon (AOSP system/memory/lmkd): it kills on PSI pressure and file-cache thrashing
+# before the kernel would, so an engine's mapped weights are not memory the kernel reclaims first there.
+LMKD = "system/bin/lmkd"
 
 
 _MEMINFO_KEYS = ("MemTotal", "MemAvailable", "SwapTotal", "SwapFree")
 
 
-def read_memory(reader: Reader, root: Root, *, meminfo: bool, psi: bool) -> Memory:
+def read_memory(reader: Reader, root: Root, *, meminfo: bool, psi: bool, lmkd: bool | None = None) -> Memory:
     path = root.path(MEMINFO)
     kb: dict[str, int | None] = dict.fromkeys(_MEMINFO_KEYS)
     text = reader.text(path) if meminfo else None
@@ -36,4 +39,5 @@ def read_memory(reader: Reader, root: Root, *, meminfo: bool, psi: bool) -> Memo
         swap_free_bytes=kb["SwapFree"],
         psi_some_avg10=some,
         psi_full_avg10=full,
+        lmkd=lmkd,
     )

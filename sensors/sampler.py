@@ -18,7 +18,7 @@ import structlog
 
 from sensors.cpu import CPU_DIR, CpuInventory, discover_cpus, read_cpu
 from sensors.load import PROC_STAT, PSI_CPU, Load, LoadReader
-from sensors.memory import MEMINFO, PSI_MEMORY, read_memory
+from sensors.memory import LMKD, MEMINFO, PSI_MEMORY, read_memory
 from sensors.power import Supply, discover_supplies, read_battery
 from sensors.psutil_backend import PsutilSampler
 from sensors.root import Reader, Root
@@ -52,6 +52,7 @@ class Inventory:
     cpu_psi: bool
     denied: int
     at: float
+    lmkd: bool = False  # Android's low memory killer is there (sensors.memory.LMKD)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +179,7 @@ class SensorSampler:
             cpus=discover_cpus(self.root, reader),
             meminfo=self.root.exists(self.root.path(MEMINFO)),
             psi=self.root.exists(self.root.path(PSI_MEMORY)),
+            lmkd=self.root.exists(self.root.path(LMKD)),
             stat=self.root.exists(self.root.path(PROC_STAT)),
             cpu_psi=self.root.exists(self.root.path(PSI_CPU)),
             denied=len(reader.denied),
@@ -238,7 +240,11 @@ class SensorSampler:
             temperatures=tuple(temperatures),
             battery=battery,
             memory=self._slow(
-                "memory", (inv,), now, reader, lambda: read_memory(reader, self.root, meminfo=inv.meminfo, psi=inv.psi)
+                "memory",
+                (inv,),
+                now,
+                reader,
+                lambda: read_memory(reader, self.root, meminfo=inv.meminfo, psi=inv.psi, lmkd=inv.lmkd),
             ),
             cpu=read_cpu(reader, inv.cpus, util, load, self.own_caps() if self.own_caps is not None else None),
             problems=tuple(reader.problems),

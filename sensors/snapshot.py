@@ -52,6 +52,18 @@ class Memory(Frozen):
     swap_free_bytes: int | None = None
     psi_some_avg10: float | None = None  # % of the last 10 s some task stalled on memory
     psi_full_avg10: float | None = None
+    # A userspace low-memory killer acts on pressure before the kernel's OOM killer (Android's lmkd): the engine's
+    # mapped weights count as memory it needs, not page cache the kernel would reclaim first.
+    lmkd: bool | None = None
+
+
+class Cluster(Frozen):
+    """CPUs that share a clock (a cpufreq policy) and a per-core speed: big.LITTLE's clusters, x86 P and E cores."""
+
+    cpus: tuple[int, ...]  # online CPU numbers
+    # Compute capacity of one core relative to the fastest cluster's (1.0): `cpu_capacity` (arm64, 0-1024, the
+    # scheduler's own figure), else cpuinfo_max_freq (x86 hybrid: no per-clock speed is published).
+    capacity: float = Field(gt=0, le=1)
 
 
 class Cpu(Frozen):
@@ -64,6 +76,8 @@ class Cpu(Frozen):
     run_queue: int | None = None  # runnable tasks (proc/stat procs_running, the reader included)
     psi_some_avg10: float | None = None  # % of the last 10 s some runnable task waited for a CPU
     psi_full_avg10: float | None = None
+    # Clusters of different per-core speed, fastest first; empty when every online CPU is alike (or unknown).
+    clusters: tuple[Cluster, ...] = ()
 
 
 class Problem(Frozen):

@@ -4,6 +4,7 @@ clock's time on a fixed grid."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,9 +17,10 @@ from governor.lab.thermal import StepWise, ThermalModel
 from governor.lab.workload import Driver, WorkloadSpec
 from policies.decision import Decision, EngineConfig
 from policies.schema import Policy
-from sensors.snapshot import Battery, Cpu, EngineObservation, Memory, Snapshot, Temperature, Trip
+from sensors.snapshot import Battery, Cluster, Cpu, EngineObservation, Memory, Snapshot, Temperature, Trip
 
 PSI_KNEE = 0.10  # memory stalls start when less than this fraction of RAM is available
+PSI_WINDOW_S = 10.0  # `some avg10` is a running average over 10 s (kernel/sched/psi.c: exponential, updated every 2 s)
 
 
 @dataclass
@@ -58,6 +60,16 @@ class World:
         self._zone_die = [z.node == "die" for z in device.zone]
         self._trips = [tuple(Trip(type=t.type, temp_c=t.temp_c) for t in z.trip) for z in device.zone]
         self.limit_index, self.limit_trip = device.limit_zone()
+        cpu = device.cpu
+        big = cpu.cores - cpu.little_cores
+        self._clusters = (  # what sysfs's cpu_capacity says of a big.LITTLE device, big first (sensors.cpu)
+            (
+                Cluster(cpus=tuple(range(big)), capacity=1.0),
+                Cluster(cpus=tuple(range(big, cpu.cores)), capacity=cpu.little_speed),
+            )
+            if cpu.little_cores
+            else ()
+        )
         self.engine = EngineSim(device.engine, device.cpu)
         self.driver = Driver(workload, seed)
         self.other_apps_bytes = int(device.memory.other_apps_mb * MB)
@@ -74,6 +86,7 @@ class World:
         self.busy_cores = 0.0  # the engine's
         self.other_cores = 0.0  # what background loads got
         self.cpu_psi = 0.0
+        self.mem_psi = 0.0  # memory PSI some avg10 (%)
         # running figures for the summary
         self.peak_limit_c = self.peak_die_c = self.zone_temp(self.limit_index)
         self.sum_limit_c_s = 0.0
@@ -185,6 +198,7 @@ class World:
                 used = min(self.battery_wh, self.power_w * h / 3600)
                 self.battery_wh -= used
                 self.battery_used_wh += used
+        self._memory_pressure(h)
         self._steps += 1
         self.t = t + h
         if engine.stopped:
@@ -207,6 +221,16 @@ class World:
             s.freq_ratio.append(freq)
             s.power_w.append(self.power_w)
 
+    def _memory_pressure(self, h: float) -> None:
+        """PSI some avg10: rises linearly from 0 to 50 % as available memory falls under PSI_KNEE of RAM, averaged
+        over PSI_WINDOW_S."""
+        knee = PSI_KNEE * self.total_bytes
+        stalled = max(0.0, min(100.0, 50.0 * (knee - self.available_bytes()) / knee))
+        self.mem_psi += (stalled - self.mem_psi) * (1.0 - math.exp(-h / PSI_WINDOW_S))
+
+    def available_bytes(self) -> int:
+        return max(0, self.total_bytes - self.other_apps_bytes - self.engine.resident_bytes())
+
     def snapshot(self) -> Snapshot:
         temps = tuple(
             Temperature(
@@ -228,14 +252,17 @@ class World:
                 energy_wh=self.battery_wh,
                 energy_full_wh=spec.capacity_wh,
             )
-        available = max(0, self.total_bytes - self.other_apps_bytes - self.engine.resident_bytes())
-        knee = PSI_KNEE * self.total_bytes
-        psi = max(0.0, min(100.0, 50.0 * (knee - available) / knee))
+        available = self.available_bytes()
         cpu = self.device.cpu
         return Snapshot(
             temperatures=temps,
             battery=battery,
-            memory=Memory(total_bytes=self.total_bytes, available_bytes=available, psi_some_avg10=psi),
+            memory=Memory(
+                total_bytes=self.total_bytes,
+                available_bytes=available,
+                psi_some_avg10=round(self.mem_psi, 2),
+                lmkd=not self.device.engine.weights_reclaimable,  # the device's killer counts the mapped weights
+            ),
             cpu=Cpu(
                 freq_ratio=self.freq_ratio,
                 throttled=self.kernel.state > 0,
@@ -244,6 +271,7 @@ class World:
                 other_cores=round(self.other_cores, 3),
                 engine_cores=round(self.busy_cores, 3),
                 psi_some_avg10=round(self.cpu_psi, 2),
+                clusters=self._clusters,
             ),
         )
 

@@ -93,7 +93,7 @@ def test_sensor_garbage_is_named_and_turns_the_policy_conservative(
     assert decision.rule == "thermal.untrusted"
     assert "no trustworthy temperature" in decision.reason
     hot = policy.states[State.HOT]
-    assert decision.engine.threads <= hot.threads
+    assert decision.engine.threads <= hot.thread_limit
     assert decision.engine.max_tokens_per_s is not None
     assert decision.engine.max_tokens_per_s <= (hot.max_tokens_per_s or 0)
 

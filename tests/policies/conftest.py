@@ -46,6 +46,8 @@ psi_exit = 2.0
 psi_step_s = 5.0
 psi_exit_debounce_s = 10.0
 floor_mb = 100.0
+[changes]
+enabled = false  # one rule at a time: the price of a change has its own tests (test_changecost.py)
 [states.idle]
 threads = 4
 n_ctx = 4096

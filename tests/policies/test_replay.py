@@ -74,7 +74,7 @@ def test_cool_down_comes_back_slowly(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_charger_pulled_at_25_percent_and_plugged_back(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     snaps = [snap(50.0, percent=25.0, plugged=True, charging=False)] * 10  # full-ish, on the charger
     snaps += [snap(50.0, percent=25.0 - 0.1 * i, plugged=False, charging=False) for i in range(120)]  # pulled
-    snaps += [snap(50.0, percent=13.0, plugged=True, charging=True)] * 40  # plugged back
+    snaps += [snap(50.0, percent=13.0, plugged=True, charging=True)] * 80  # plugged back
     lines = replay_json(capsys, trace_of(tmp_path / "charger.jsonl", snaps, IDLE), "default")
     order = [line["state"] for line in lines]
     low = order.index("low_battery")
@@ -85,7 +85,7 @@ def test_charger_pulled_at_25_percent_and_plugged_back(tmp_path: Path, capsys: p
     back = next(i for i in range(130, len(order)) if order[i] != "low_battery")
     assert lines[back]["rule"] == "battery.plugged"
     assert 5 <= back - 130 <= 25  # after the exit debounce and dwell, not before
-    assert lines[-1]["engine"]["threads"] == 4  # back up, one step per recover_step_s
+    assert lines[-1]["engine"]["threads"] == 4  # back up, one step per recover_step_s (and per changes.live_dwell_s)
 
 
 def test_memory_pressure_shrinks_before_the_oom_killer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

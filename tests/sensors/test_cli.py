@@ -41,7 +41,7 @@ def test_json_is_one_snapshot_per_line(tree: FakeTree, capsys: pytest.CaptureFix
     }
     assert raw["cpu"] == {
         "freq_ratio": 0.625, "throttled": False, "count": 4, "util_percent": None, "other_cores": None,
-        "engine_cores": None, "run_queue": None, "psi_some_avg10": None, "psi_full_avg10": None,
+        "engine_cores": None, "run_queue": None, "psi_some_avg10": None, "psi_full_avg10": None, "clusters": [],
     }  # fmt: skip
     assert raw["memory"]["psi_some_avg10"] == 1.5
     assert raw["problems"] == []

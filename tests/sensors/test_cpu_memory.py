@@ -108,6 +108,7 @@ def test_meminfo_and_pressure(tree: FakeTree) -> None:
         swap_free_bytes=51_200 * 1024,
         psi_some_avg10=12.5,
         psi_full_avg10=3.25,
+        lmkd=False,
     )
 
 
@@ -180,3 +181,35 @@ def test_a_memory_problem_stays_reported_while_the_reading_is_reused(tree: FakeT
     now[0] += 0.25
     assert [p.reason for p in sampler.sample().problems] == first
     assert "no MemAvailable line" in first
+
+
+def test_clusters_come_from_cpu_capacity_fastest_first_online_only(tree: FakeTree) -> None:
+    """A 2 big + 6 little phone (Helio G99-like): the scheduler's cpu_capacity per core, the big cluster first; an
+    unplugged core leaves its cluster."""
+    tree.cluster(0, range(6), max_khz=2_000_000, capacity=446)
+    tree.cluster(6, range(6, 8), max_khz=2_200_000, capacity=1024)
+    tree.write("sys/devices/system/cpu/online", "0-4,6-7")
+    clusters = cpu_of(tree).clusters
+    assert [(c.cpus, c.capacity) for c in clusters] == [((6, 7), 1.0), ((0, 1, 2, 3, 4), round(446 / 1024, 3))]
+
+
+def test_without_cpu_capacity_the_clusters_come_from_the_top_clock(tree: FakeTree) -> None:
+    """An x86 hybrid (2 P cores at 4.4 GHz, 8 E cores at 3.3 GHz): no cpu_capacity, the clock tells them apart."""
+    tree.cluster(0, range(2), max_khz=4_400_000)
+    tree.cluster(2, range(2, 10), max_khz=3_300_000)
+    clusters = cpu_of(tree).clusters
+    assert [(c.cpus, c.capacity) for c in clusters] == [((0, 1), 1.0), (tuple(range(2, 10)), 0.75)]
+
+
+def test_alike_cores_are_no_clusters(tree: FakeTree) -> None:
+    tree.cluster(0, range(2), max_khz=2_400_000, capacity=1024)
+    tree.cluster(2, range(2, 4), max_khz=2_400_000, capacity=1024)
+    assert cpu_of(tree).clusters == ()
+
+
+def test_android_lmkd_is_found_under_the_root(tree: FakeTree) -> None:
+    """Android's low memory killer (system/bin/lmkd) kills on pressure: the policy counts the mapped weights."""
+    tree.meminfo()
+    assert SensorSampler(tree.root, cpu_util=None).sample().memory.lmkd is False
+    tree.write("system/bin/lmkd", "")
+    assert SensorSampler(tree.root, cpu_util=None).sample().memory.lmkd is True

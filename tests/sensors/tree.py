@@ -123,8 +123,10 @@ class FakeTree:
         min_khz: int = 600_000,
         available: tuple[int, ...] | None = None,
         scaling_max_khz: int | None = None,
+        capacity: int | None = None,
     ) -> str:
-        """A cpufreq policy (one clock for `cpus`), as the kernel lays it out: cpuN/cpufreq links to cpufreq/policyP."""
+        """A cpufreq policy (one clock for `cpus`), as the kernel lays it out: cpuN/cpufreq links to cpufreq/policyP;
+        `capacity`: each CPU's cpu_capacity (arm64)."""
         rel = f"{CPU}/cpufreq/policy{policy}"
         attrs: dict[str, str | int] = {
             "cpuinfo_max_freq": max_khz,
@@ -146,6 +148,8 @@ class FakeTree:
                 shutil.rmtree(link)  # a per-CPU directory written by cpu(): the policy replaces it
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(f"../cpufreq/policy{policy}")
+            if capacity is not None:
+                self.write(f"{CPU}/cpu{n}/cpu_capacity", capacity)
         return rel
 
     def cpus(self, count: int, **kwargs: int) -> None:

@@ -1,0 +1,189 @@
+"""The memory side of a tick: the budget, its bands, what memory pressure taught, and when to stop the engine.
+
+- **Budget**: available + what the engine holds (a reload frees it) - the reserve; less counts at once, more only
+  after it grew by `grow_margin_mb` and once per `recover_step_s` (input hysteresis).
+- **Enter/exit bands**: a setting is left when it no longer fits the budget (exit) but a larger one is taken only
+  when it fits with `grow_margin_mb` to spare (enter).
+- **What pressure taught**: PSI memory pressure shrinks the setting a step at a time (`psi_shrink_fraction` per
+  `psi_step_s`); the size that caused it becomes a ceiling that growth may not reach again until the budget has
+  grown by a clear margin beyond the one it had then (a setting must be seen to fit, not only predicted to). Before
+  this, the smaller setting left memory free, the larger one fitted on paper, and the engine swapped between them
+  every few seconds (issue 27: 608 reconfigurations in 30 minutes on a phone).
+- **Stop only when a kill is predicted**: when no setting fits the budget, the smallest one still runs if what the
+  killer counts of it (its anonymous memory: KV cache, compute buffer, runtime; also the mapped weights where a
+  userspace killer acts on pressure first, Android's lmkd) fits what the engine could hold before a kill, with
+  `kill_margin_mb` to spare: slowly if its weights are re-read from storage, but answering. The engine stops only
+  when even that would be killed.
+
+Pure: readings and time in, a `Fit` out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from policies.decision import KvType
+from policies.memfit import MIB, Candidate, Fit, fit
+from policies.schema import KV_ORDER, Memory, Timing
+from sensors.snapshot import EngineObservation
+
+BAND_FRACTION = 0.25  # growth back past a ceiling pressure set needs the budget this much (of the ceiling) larger
+
+
+class MemoryPlan:
+    def __init__(self, memory: Memory, timing: Timing) -> None:
+        self.cfg = memory
+        self.timing = timing
+        self._budget: float | None = None  # after input hysteresis
+        self._budget_raw = 0.0  # ... before PSI's shrink
+        self._budget_t = -math.inf
+        self._pressure_cap: float | None = None  # bytes
+        self._shrink_t = -math.inf
+        self._ceiling: tuple[float, float] | None = None  # (bytes that caused pressure, the budget then)
+        self.last: Fit | None = None
+        self._cache: dict[tuple[int, int, str, int], Fit] = {}
+        self.room: float | None = None  # what the engine could hold before a kill (available + its own), this tick
+        self.budget: float | None = None  # what a setting may take this tick (after the reserve and PSI's shrink)
+        self.budget_raw: float | None = None  # ... before PSI's shrink
+
+    def kill_bytes(self, f: Fit, candidates: Sequence[Candidate], *, lmkd: bool) -> float:
+        """What the killer counts of a setting: all of it under lmkd, else all but the mapped weights."""
+        if lmkd:
+            return f.bytes
+        weights = next((c.footprint.file_bytes for c in candidates if c.name == f.model), 0)
+        return f.bytes - weights
+
+    def kill_predicted(self, f: Fit | None, candidates: Sequence[Candidate], *, lmkd: bool) -> bool:
+        """Running `f` now would meet the killer (the room this tick, less `kill_margin_mb`)."""
+        if f is None or self.room is None:
+            return False
+        return self.kill_bytes(f, candidates, lmkd=lmkd) > self.room - self.cfg.kill_margin_mb * MIB
+
+    def plan(
+        self,
+        candidates: Sequence[Candidate],
+        *,
+        start: int,
+        n_ctx: int,
+        kv: KvType,
+        available: int | None,
+        engine: EngineObservation | None,
+        pressure: bool,
+        lmkd: bool,
+        t: float,
+    ) -> Fit:
+        """The largest setting the profiles allow that fits (see the module's docstring)."""
+        mem = self.cfg
+        ctx = n_ctx
+        if available is None:
+            self.room = None
+            budget = None
+        else:
+            budget = self._budget_now(available, engine, pressure, t)
+            self.room = available + self._in_use(engine)
+        self.budget = budget
+        self.budget_raw = None if budget is None else self._budget_raw
+        key = (start, ctx, kv, -1 if budget is None else int(budget // MIB))
+        result = self._cache.get(key)
+        if result is None:
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            result = self._cache[key] = fit(
+                candidates, max_ctx=ctx, kv_type=kv, budget_bytes=None if budget is None else key[3] * MIB, memory=mem
+            )
+        if budget is not None and result.wait is None:
+            result = self._banded(result, candidates, ctx, kv, budget)
+        if result.wait is not None and budget is not None and budget < self._budget_raw:
+            # Only PSI's shrink is short of room: run the smallest setting that fits rather than stop (stopping ends
+            # the pressure, which would start the engine again: a stop/start loop).
+            smallest = self._smallest(candidates, self._budget_raw)
+            if smallest.wait is None:
+                result = smallest
+        if result.wait is not None and self.room is not None:
+            result = self._runs_anyway(result, candidates, lmkd=lmkd)
+        self.last = result
+        return result
+
+    def within(self, candidates: Sequence[Candidate], *, n_ctx: int, kv: KvType) -> Fit | None:
+        """The largest setting of these tiers that fits this tick's budget; if only PSI's shrink is short of room,
+        their smallest setting that fits the budget without it; else None."""
+        if not candidates or self.budget is None:
+            return None
+        found = fit(candidates, max_ctx=n_ctx, kv_type=kv, budget_bytes=self.budget, memory=self.cfg)
+        if found.wait is not None and self.budget_raw is not None and self.budget_raw > self.budget:
+            found = self._smallest(candidates, self.budget_raw)
+        if found.wait is not None:
+            return None
+        self.last = found
+        return found
+
+    def _smallest(self, candidates: Sequence[Candidate], budget: float) -> Fit:
+        mem = self.cfg
+        return fit(candidates[-1:], max_ctx=mem.min_ctx, kv_type=KV_ORDER[-1], budget_bytes=budget, memory=mem)
+
+    def _runs_anyway(self, nothing: Fit, candidates: Sequence[Candidate], *, lmkd: bool) -> Fit:
+        """Nothing fits the budget: the smallest setting (smallest tier and context, most compact KV, smallest
+        n_batch) runs if the killer would leave it alone; else the engine waits, as before."""
+        mem = self.cfg
+        last = candidates[-1]
+        kv = KV_ORDER[-1] if last.flash_attn and last.footprint.quantized_kv_ok else "f16"
+        ctx = min(mem.min_ctx, last.max_ctx)
+        size = last.footprint.total_bytes(ctx, kv, mem, mem.min_n_batch)
+        smallest = Fit(
+            last.name, ctx, kv, size, "below its footprint", nothing.note, nothing.budget_bytes, mem.min_n_batch
+        )
+        return nothing if self.kill_predicted(smallest, candidates, lmkd=lmkd) else smallest
+
+    def _banded(self, result: Fit, candidates: Sequence[Candidate], ctx: int, kv: KvType, budget: float) -> Fit:
+        """Enter band: grow past the setting in force only with grow_margin_mb to spare; and never back to a size
+        pressure stopped until the budget has grown by a clear margin since."""
+        mem, last = self.cfg, self.last
+        ceiling = self._ceiling
+        if ceiling is not None:
+            size, then = ceiling
+            if budget >= then + max(mem.grow_margin_mb * MIB, BAND_FRACTION * size):
+                self._ceiling = None  # memory really grew: the size may be tried again
+            elif result.bytes >= size:
+                capped = fit(candidates, max_ctx=ctx, kv_type=kv, budget_bytes=size - MIB, memory=mem)
+                if capped.wait is None:
+                    result = capped
+        if last is None or last.wait is not None or result.bytes <= last.bytes or last.bytes > budget:
+            return result
+        allowed = (
+            last.n_ctx <= ctx
+            and KV_ORDER.index(last.kv_type) >= KV_ORDER.index(kv)
+            and any(c.name == last.model for c in candidates)
+        )
+        if not allowed:  # the profiles in force no longer allow it: the fit stands
+            return result
+        spare = fit(candidates, max_ctx=ctx, kv_type=kv, budget_bytes=budget - mem.grow_margin_mb * MIB, memory=mem)
+        return spare if spare.wait is None and spare.bytes > last.bytes else last
+
+    def _in_use(self, engine: EngineObservation | None) -> float:
+        if engine is not None and engine.rss_bytes is not None:
+            return float(engine.rss_bytes)
+        if engine is not None and engine.model is not None and self.last is not None:
+            return self.last.bytes  # a model is loaded but its size is not reported: our own estimate
+        return 0.0
+
+    def _budget_now(self, available: int, engine: EngineObservation | None, pressure: bool, t: float) -> float:
+        """Bytes the engine may use: available + what the engine holds now (a reload frees it) - the reserve."""
+        mem, timing = self.cfg, self.timing
+        budget = available + self._in_use(engine) - mem.reserve_mb * MIB
+        # Input hysteresis: less memory counts at once, more only after it grew by a margin, once per step.
+        if self._budget is None or budget < self._budget:
+            self._budget = budget
+        elif budget >= self._budget + mem.grow_margin_mb * MIB and t - self._budget_t >= timing.recover_step_s:
+            self._budget, self._budget_t = budget, t
+        budget = self._budget_raw = self._budget
+        if not pressure:
+            self._pressure_cap = None
+        elif t - self._shrink_t >= mem.psi_step_s:  # shrink again while the pressure stays, one step at a time
+            current = self.last.bytes if self.last is not None else budget
+            self._pressure_cap = current * (1 - mem.psi_shrink_fraction)
+            self._shrink_t = t
+            if self.last is not None and self.last.wait is None:  # this size caused pressure: remember it
+                low = self._ceiling[0] if self._ceiling is not None else math.inf
+                self._ceiling = (min(low, self.last.bytes), budget)
+        return budget if self._pressure_cap is None else min(budget, self._pressure_cap)
