@@ -2,21 +2,24 @@
 
 llama.cpp's worker threads wait for each other at every step of the graph: when another process holds one of the
 cores, the thread that shares it stalls all the others (measured on 2 cores with one CPU hog: 2 threads 25 tok/s,
-1 thread 48; docs/policies.md). So each tick:
+1 thread 48; on another VM 1.1-7.7 against 27-46: 4-40x; docs/contention.md). So each tick:
 
-- cores taken = other processes' CPU use (cores' worth, `Cpu.other_cores`) as a whole number with hysteresis: a core
-  counts as taken at `take_fraction` of its time and is given back below `release_fraction`; counting it needs
-  `enter_debounce_s`, giving it back `dwell_s` of continuous quiet (a short burst or a noisy load cannot thrash);
+- cores taken = other processes' CPU demand (cores' worth, `Cpu.other_cores`, read back from the scheduler's shares
+  when every core is busy) as a whole number with hysteresis: a core counts as taken at `take_fraction` of its time
+  and is given back below `release_fraction`; counting it needs `enter_debounce_s`, giving it back `dwell_s` of
+  continuous quiet **measured cleanly**: while the engine computes and every core is busy, what the others got is
+  what the engine left them, not what they want, so such a sample is no evidence that they want less (issue 27: the
+  hog's share beside a busy engine fell under a core and the threads came back, 15x slower);
 - threads <= online CPUs - cores taken, in every state;
-- the engine's measured decode tokens/s per thread count (learned online from its observation, per model and per
-  number of cores taken, forgotten after `measure_max_age_s`) confirms or corrects that: the count that measured
-  fastest is used when it beat the count in force by `measure_margin`, fewer or more (more can win on a busy machine:
-  the scheduler shares per thread, so with many runnable tasks two threads get twice the CPU of one). Forgetting
-  re-measures now and then, so a wrong verdict does not last;
-- the capped count is the only one measured under the load, so one thread more is probed: once the count has held
-  `probe_interval_s` with the engine busy, one more thread runs until it is measured (at most `probe_max_s`); a probe
-  that loses doubles the wait before the next (up to 8x, reset when the load level or model changes), and its
-  measurement keeps the verdict for `measure_max_age_s`, so a noisy load cannot make the count flap.
+- the engine's own measured decode tokens/s per thread count (learned online, per model and per number of cores
+  taken) judges the counts: the fastest is used when it beats the count in force by `measure_margin`, fewer or
+  more; a count that lost is **banned** for `measure_max_age_s` x (how many times slower it was)², up to an hour
+  (a count 15x slower is not tried again for the hour; one 20 % slower, for about three minutes), so a verdict is
+  neither forgotten nor retried on a timer;
+- one thread more is probed only where the cap's premise is in doubt: the run queue holds more of the others'
+  runnable tasks than the cores the cap leaves them (on a busy machine the scheduler shares per thread, and more
+  threads can win), or the run queue is unknown; it ends at its first measurement (`measure_settle_s` after it
+  starts: a few tokens), at most `probe_max_s`, and a lost probe is banned as above.
 
 Pure, like the rest of the policy: readings and the time in, a thread limit and its reason out.
 """
@@ -29,6 +32,7 @@ from policies.schema import Contention
 from sensors.snapshot import Cpu, EngineObservation
 
 ALPHA = 0.3  # weight of a new tokens/s sample in the running mean of its thread count
+BAN_MAX_S = 3600.0  # a lost count is tried again at the latest after this long (its load level unchanged)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,11 +60,10 @@ class ThreadFit:
         self._threads: int | None = None
         self._model: str | None = None
         self._rates: dict[tuple[str, int, int], tuple[float, float]] = {}  # (model, taken, threads) -> (tok/s, t)
+        self._bans: dict[tuple[str, int, int], float] = {}  # (model, taken, threads) -> not tried again before
         self._cpu: Cpu | None = None
         self._busy = False
         self._probe: tuple[int, float] | None = None  # (threads tried, since when)
-        self._probe_key: tuple[str, int] | None = None  # (model, taken) the probes' back-off belongs to
-        self._probe_losses = 0  # probes lost in a row under that key: the wait doubles with each
         self._probe_t = -float("inf")  # when the last probe ended
 
     @property
@@ -78,7 +81,7 @@ class ThreadFit:
         self._cpu = cpu
         # Under a rate cap the engine idles for part of each token by choice: its use says nothing of the sharing.
         threads = engine.threads if engine is not None and not rate_capped else None
-        self._level(self.demand(cpu, threads), cpu.count, t)
+        self._level(self.demand(cpu, threads), cpu.count, t, clean=self._clean(cpu, engine))
         self._busy = engine is not None and engine.busy
         if engine is None:
             return
@@ -98,6 +101,29 @@ class ThreadFit:
             old = self._rates.get(key)
             fresh = old is not None and t - old[1] <= self.cfg.measure_max_age_s
             self._rates[key] = ((1 - ALPHA) * old[0] + ALPHA * rate if fresh and old else rate, t)
+            self._judge(engine.model, t)
+
+    def _judge(self, model: str, t: float) -> None:
+        """Every fresh count slower than the fastest by the margin is banned for max_age x (how much slower)²."""
+        cfg = self.cfg
+        fresh = {k: r for (m, taken, k), (r, at) in self._rates.items()
+                 if m == model and taken == self.taken and t - at <= cfg.measure_max_age_s}  # fmt: skip
+        top = max(fresh.values())
+        for k, r in fresh.items():
+            if r * (1 + cfg.measure_margin) < top:
+                ratio = top / r
+                self._bans[(model, self.taken, k)] = t + min(BAN_MAX_S, cfg.measure_max_age_s * ratio * ratio)
+
+    def banned(self, threads: int, t: float) -> bool:
+        return self._bans.get((self._model or "", self.taken, threads), -1.0) > t
+
+    def _clean(self, cpu: Cpu, engine: EngineObservation | None) -> bool:
+        """What the others got is what they want: the engine is not computing, or some CPU is idle. While the engine
+        computes on every core the others' use is only what it left them."""
+        other, used, count, slack = cpu.other_cores, cpu.engine_cores, cpu.count, self.cfg.release_fraction
+        if other is None or not count or engine is None or not engine.busy or used is None or used <= slack:
+            return True
+        return other + used < count - slack
 
     def demand(self, cpu: Cpu, threads: int | None) -> float | None:
         """Cores' worth the other processes want. What they got, unless every core is busy and the engine's threads
@@ -111,7 +137,7 @@ class ThreadFit:
             return other * threads / engine
         return other
 
-    def _level(self, other: float | None, count: int | None, t: float) -> None:
+    def _level(self, other: float | None, count: int | None, t: float, *, clean: bool = True) -> None:
         cfg = self.cfg
         if other is None or not count:
             self._want_since = None  # unknown keeps the level as it was
@@ -122,8 +148,8 @@ class ThreadFit:
         up = min(top, max(0, int(other + 1 - cfg.take_fraction)))
         down = min(top, max(0, int(other + 1 - cfg.release_fraction)))
         want = up if up > self.taken else down if down < self.taken else self.taken
-        if want == self.taken:
-            self._want_since = None
+        if want == self.taken or (want < self.taken and not clean):
+            self._want_since = None  # a busy sample is no evidence of quiet: the dwell starts over
             return
         if self._want_since is None or self._falling != (want < self.taken):
             self._want_since, self._falling = t, want < self.taken
@@ -131,7 +157,7 @@ class ThreadFit:
             self.taken, self._want_since, self._stable_since = want, None, t
 
     def limit(self, threads: int, t: float) -> tuple[int, ThreadsNote | None]:
-        """The thread count after the free-core cap, the measured correction and the probe; a note when any of them
+        """The thread count after the free-core cap, the measured verdicts and the probe; a note when any of them
         moved it off `threads`."""
         cfg, cpu = self.cfg, self._cpu
         if not cfg.enabled or cpu is None:
@@ -143,22 +169,27 @@ class ThreadFit:
         n = min(threads, cap) if cap is not None else threads
         measured = probe = None
         fresh = self._fresh(t)
-        current = fresh.get(n)
-        if current is not None:
-            best = max((k for k in fresh if k <= threads), key=fresh.__getitem__)
-            if best != n and fresh[best] > current * (1 + cfg.measure_margin):
-                measured, n = (best, fresh[best], n, current), best
-        elif self._threads is not None and n < self._threads <= threads and self._threads in fresh:
-            # Running above the cap on a verdict whose other side has aged: stay while the count in force keeps
-            # beating the capped count's last measurement (going back to re-measure it would dip every max age).
-            last = self._rates.get((self._model or "", self.taken, n))
-            if last is not None and fresh[self._threads] > last[0] * (1 + cfg.measure_margin):
-                measured, n = (self._threads, fresh[self._threads], n, last[0]), self._threads
+        allowed = {k: r for k, r in fresh.items() if k <= threads and not self.banned(k, t)}
+        if allowed:
+            best = max(allowed, key=allowed.__getitem__)
+            current = fresh.get(n)
+            if self.banned(n, t) or (
+                current is not None and best != n and allowed[best] > current * (1 + cfg.measure_margin)
+            ):
+                slower = current if current is not None else self._last(n)
+                if slower is not None:
+                    measured = (best, allowed[best], n, slower)
+                n = best
+        elif self.banned(n, t):  # the count the cap leaves lost before: its winner, however old its figure
+            winner = self._winner(n, threads)
+            if winner is not None:
+                measured, n = winner, winner[0]
         tried = self._probing(n, threads, fresh, t)
         if tried is not None:
             probe, n = (tried, n, fresh[n]), tried
         if len(self._rates) > 64:
-            self._rates = {k: v for k, v in self._rates.items() if t - v[1] <= cfg.measure_max_age_s}
+            self._rates = {k: v for k, v in self._rates.items() if t - v[1] <= BAN_MAX_S}
+            self._bans = {k: v for k, v in self._bans.items() if v > t}
         if n == threads and measured is None and probe is None:
             return threads, None
         bound = cap if cap is not None and cap < threads else None
@@ -167,6 +198,20 @@ class ThreadFit:
             cpu.other_cores, count, self.taken, cpu.psi_some_avg10, bound, measured, quiet, cfg.dwell_s, probe
         )
         return n, note
+
+    def _last(self, threads: int) -> float | None:
+        last = self._rates.get((self._model or "", self.taken, threads))
+        return None if last is None else last[0]
+
+    def _winner(self, lost: int, threads: int) -> tuple[int, float, int, float] | None:
+        """The fastest count measured at this load level that is not banned, beside the banned one's figure."""
+        model, taken = self._model or "", self.taken
+        figures = {k: r for (m, lv, k), (r, _) in self._rates.items() if m == model and lv == taken and k <= threads}
+        ok = {k: r for k, r in figures.items() if k != lost and (model, taken, k) not in self._bans}
+        if not ok or lost not in figures:
+            return None
+        best = max(ok, key=ok.__getitem__)
+        return best, ok[best], lost, figures[lost]
 
     def _fresh(self, t: float) -> dict[int, float]:
         """Measured tokens/s per thread count for the model and load level in force, within their age."""
@@ -178,31 +223,36 @@ class ThreadFit:
             if model == self._model and taken == self.taken and t - at <= self.cfg.measure_max_age_s
         }
 
+    def _crowded(self, n: int) -> bool:
+        """The others' runnable tasks outnumber the cores the cap leaves them: the scheduler then shares per thread,
+        and one thread more may win despite the barrier. Unknown run queue: it may."""
+        cpu = self._cpu
+        if cpu is None or cpu.run_queue is None or not cpu.count:
+            return True
+        others = cpu.run_queue - 1 - (n if self._busy else 0)  # the reader itself and the engine's threads
+        return others > cpu.count - n
+
     def _probing(self, n: int, threads: int, fresh: dict[int, float], t: float) -> int | None:
         """The count to try instead of `n` (one more thread), or None. Pure bookkeeping on readings and time."""
         cfg = self.cfg
-        key = (self._model or "", self.taken)
-        if key != self._probe_key:  # another load level or model: the back-off starts over
-            self._probe_key, self._probe_losses, self._probe = key, 0, None
         if self._probe is not None:
             tried, since = self._probe
-            at = self._rates.get((key[0], key[1], tried), (0.0, -float("inf")))[1]
+            at = self._rates.get((self._model or "", self.taken, tried), (0.0, -float("inf")))[1]
             if at < since and t - since < cfg.probe_max_s and tried == n + 1 and n in fresh:
                 return tried
-            self._probe, self._probe_t = None, t  # measured (or given up): the correction judges from here
-            won = tried in fresh and n in fresh and fresh[tried] > fresh[n] * (1 + cfg.measure_margin)
-            self._probe_losses = 0 if won else min(self._probe_losses + 1, 3)
+            self._probe, self._probe_t = None, t  # measured (or given up): the verdicts judge from here
             return None
-        wait = cfg.probe_interval_s * 2**self._probe_losses
         if (
             cfg.probe_interval_s > 0
             and self._busy
             and n < threads
             and n in fresh
             and n + 1 not in fresh
+            and not self.banned(n + 1, t)
             and self._threads == n
             and t - self._stable_since >= cfg.probe_interval_s
-            and t - self._probe_t >= wait
+            and t - self._probe_t >= cfg.probe_interval_s
+            and self._crowded(n)
         ):
             self._probe = (n + 1, t)
             return n + 1

@@ -119,21 +119,22 @@ class MemoryPlan:
         return found
 
     def _smallest(self, candidates: Sequence[Candidate], budget: float) -> Fit:
-        mem = self.cfg
-        return fit(candidates[-1:], max_ctx=mem.min_ctx, kv_type=KV_ORDER[-1], budget_bytes=budget, memory=mem)
-
-    def _runs_anyway(self, nothing: Fit, candidates: Sequence[Candidate], *, lmkd: bool) -> Fit:
-        """Nothing fits the budget: the smallest setting (smallest tier and context, most compact KV, smallest
-        n_batch) runs if the killer would leave it alone; else the engine waits, as before."""
-        mem = self.cfg
-        last = candidates[-1]
-        kv = KV_ORDER[-1] if last.flash_attn and last.footprint.quantized_kv_ok else "f16"
+        """The smallest setting there is (smallest tier and context, most compact KV, smallest n_batch: a 150k-token
+        vocabulary's compute buffer at n_batch 512 outweighs a 2048-token KV cache), as fitting `budget` or not."""
+        mem, last = self.cfg, candidates[-1]
+        kv: KvType = KV_ORDER[-1] if last.flash_attn and last.footprint.quantized_kv_ok else "f16"
         ctx = min(mem.min_ctx, last.max_ctx)
         size = last.footprint.total_bytes(ctx, kv, mem, mem.min_n_batch)
-        smallest = Fit(
-            last.name, ctx, kv, size, "below its footprint", nothing.note, nothing.budget_bytes, mem.min_n_batch
-        )
-        return nothing if self.kill_predicted(smallest, candidates, lmkd=lmkd) else smallest
+        bound = "memory" if size <= budget else "nothing fits"
+        return Fit(last.name, ctx, kv, size, bound, "", budget, mem.min_n_batch)
+
+    def _runs_anyway(self, nothing: Fit, candidates: Sequence[Candidate], *, lmkd: bool) -> Fit:
+        """Nothing fits the budget: the smallest setting runs if the killer would leave it alone; else the engine
+        waits, as before."""
+        smallest = self._smallest(candidates, nothing.budget_bytes or 0.0)
+        below = Fit(smallest.model, smallest.n_ctx, smallest.kv_type, smallest.bytes, "below its footprint",
+                    nothing.note, nothing.budget_bytes, smallest.n_batch)  # fmt: skip
+        return nothing if self.kill_predicted(below, candidates, lmkd=lmkd) else below
 
     def _banded(self, result: Fit, candidates: Sequence[Candidate], ctx: int, kv: KvType, budget: float) -> Fit:
         """Enter band: grow past the setting in force only with grow_margin_mb to spare; and never back to a size
@@ -146,8 +147,7 @@ class MemoryPlan:
                 self._ceiling = None  # memory really grew: the size may be tried again
             elif result.bytes >= size:
                 capped = fit(candidates, max_ctx=ctx, kv_type=kv, budget_bytes=size - MIB, memory=mem)
-                if capped.wait is None:
-                    result = capped
+                result = capped if capped.wait is None else self._smallest(candidates, budget)
         if last is None or last.wait is not None or result.bytes <= last.bytes or last.bytes > budget:
             return result
         allowed = (

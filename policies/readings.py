@@ -44,6 +44,19 @@ class ThermalView(NamedTuple):
         return None if self.temp_c is None else self.trip_c - self.temp_c
 
 
+class ZoneThresholds(NamedTuple):
+    """One trusted zone's numbers as resolved on a device (`governor policy show --root`)."""
+
+    zone: str
+    temp_c: float
+    trip_c: float
+    trip_source: str
+    hot_enter_c: float
+    hot_exit_c: float
+    setpoint_c: float
+    critical_c: float
+
+
 class Sense(NamedTuple):
     """One tick's readings and the raw critical causes, as the rules and the explanation see them."""
 
@@ -110,6 +123,30 @@ class ZoneFilter:
             readings.append(("battery", battery_c, None, None))
         return readings, passive, critical, trusted_zones
 
+    def _critical(self, reference: float, zone_trip: float, own_critical: float | None) -> float:
+        """A zone's critical threshold: the policy's, else its own critical trip - margin (else the reference), and
+        at most its passive trip + critical_over_trip_c where the policy says so."""
+        cfg = self._cfg
+        if cfg.critical_c is not None:
+            return cfg.critical_c
+        zone_crit = reference if own_critical is None else own_critical - cfg.critical_margin_c
+        if cfg.critical_over_trip_c is not None:
+            zone_crit = min(zone_crit, zone_trip + cfg.critical_over_trip_c)
+        return zone_crit
+
+    def thresholds(self, snapshot: Snapshot) -> list[ZoneThresholds]:
+        """Every trusted zone's numbers as the policy resolves them on this device (`governor policy show --root`):
+        the binding zone's view, computed for each zone alone against the same reference trip."""
+        readings, passive, critical, _ = self._zones(snapshot)
+        out = []
+        for zone in readings:
+            v = self._view_of([zone], passive, critical, None)
+            out.append(
+                ZoneThresholds(zone[0], zone[1], v.trip_c, v.trip_source, v.hot_enter_c, v.hot_exit_c, v.setpoint_c,
+                               v.critical_c)
+            )  # fmt: skip
+        return out
+
     def view(self, snapshot: Snapshot, control_margin_c: float | None = None) -> ThermalView:
         """Each trusted zone against its own trips: a zone's passive trip is its own lowest one, else the reference
         trip (the policy's `trip_c`, else the lowest passive trip among trusted zones, else the fallback); an explicit
@@ -117,8 +154,19 @@ class ZoneFilter:
         on every zone, so the zone with the least headroom is the one nearest hot, the PI's setpoint and the trip.
         `control_margin_c`: the setpoint's distance under the binding zone's trip instead of the policy's
         `control_margin_c` (the power allocator's clock steps let it sit closer), still above the hot exit."""
-        cfg = self._cfg
         readings, passive, critical, trusted_zones = self._zones(snapshot)
+        return self._view_of(readings, passive, critical, control_margin_c, trusted_zones=trusted_zones)
+
+    def _view_of(
+        self,
+        readings: list[ZoneReading],
+        passive: tuple[float, str] | None,
+        critical: float | None,
+        control_margin_c: float | None,
+        *,
+        trusted_zones: bool = True,
+    ) -> ThermalView:
+        cfg = self._cfg
         if cfg.trip_c is not None:
             trip, source = cfg.trip_c, "policy"
         elif passive is not None:
@@ -129,12 +177,15 @@ class ZoneFilter:
         exit_c = enter - cfg.hysteresis_c
         # An explicit hot_c can sit above trip - control_margin: the setpoint must stay above the exit.
         setpoint = max(trip - cfg.control_margin_c, exit_c + 0.5)
+        over = cfg.critical_over_trip_c
         if cfg.critical_c is not None:
             crit = cfg.critical_c
         elif critical is not None:
             crit = critical - cfg.critical_margin_c
         else:
             crit = cfg.fallback_critical_c
+        if cfg.critical_c is None and over is not None:
+            crit = min(crit, trip + over)
 
         temp: float | None = None
         zone: str | None = None
@@ -149,9 +200,7 @@ class ZoneFilter:
             if zone_trip - value < headroom:  # ties: the first zone, as the hottest-zone rule had it
                 headroom, temp, zone, offset = zone_trip - value, value, label, zone_trip - trip
                 zone_source = f"{label} passive trip" if own else source
-            zone_crit = crit
-            if own_critical is not None and cfg.critical_c is None:
-                zone_crit = own_critical - cfg.critical_margin_c
+            zone_crit = self._critical(crit, zone_trip, own_critical)
             if zone_crit - value < crit_headroom:
                 crit_headroom, crit_temp, crit_zone, crit_at = zone_crit - value, value, label, zone_crit
         zone_trip_c, zone_exit_c = trip + offset, exit_c + offset

@@ -160,6 +160,9 @@ class Thermal(Debounce):
     control_margin_c: Margin = 2.0  # PI setpoint = trip - this
     critical_c: Celsius | None = None  # explicit; default the lowest critical trip - critical_margin_c
     critical_margin_c: Margin = 5.0
+    # Critical this far over each zone's passive trip (where that is lower than its own critical trip - margin): a
+    # limit relative to the device, e.g. a Pi's firmware hard throttle 5 °C over its soft one, a phone's skin.
+    critical_over_trip_c: Margin | None = None
     fallback_critical_c: Celsius = 100.0
     critical_hysteresis_c: Margin = Field(default=5.0, gt=0)
     forecast_horizon_s: Seconds = 10.0  # ADPF guidance: about 10 s ahead

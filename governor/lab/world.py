@@ -86,6 +86,7 @@ class World:
         self.busy_cores = 0.0  # the engine's
         self.other_cores = 0.0  # what background loads got
         self.cpu_psi = 0.0
+        self.run_queue = 1
         self.mem_psi = 0.0  # memory PSI some avg10 (%)
         # running figures for the summary
         self.peak_limit_c = self.peak_die_c = self.zone_temp(self.limit_index)
@@ -180,13 +181,9 @@ class World:
         for end in engine.finished:
             self.driver.answered(end)
         engine.finished.clear()
-        p, cores = self.device.power, self.device.cpu.cores
+        p = self.device.power
         self.busy_cores = big + little
-        # Others get what they want unless the engine's threads compete for the cores: then every runnable task gets
-        # the same share of a core (8 build tasks beside 4 engine threads on 4 cores: 8 x 4/12 cores, not 4 x 4/12).
-        self.other_cores = min(cores, background * (engine.share(background) if running else 1.0))
-        threads = engine.config.threads if running and engine.config is not None else 0
-        self.cpu_psi = 100.0 * min(1.0, max(0.0, min(threads, cores) + background - cores) / cores)
+        self._cpu_load(background, running)
         dynamic = p.thread_w * (big + self.other_cores) + self.device.cpu.little_thread_w * little
         self.power_w = p.idle_w + dynamic * freq**p.freq_exponent + (upstream.radio_w() if upstream else 0.0)
         self.thermal.step(self.power_w, h)
@@ -220,6 +217,16 @@ class World:
             self._tokens_at_record = engine.stats.tokens
             s.freq_ratio.append(freq)
             s.power_w.append(self.power_w)
+
+    def _cpu_load(self, background: float, running: bool) -> None:
+        """What the others got, CPU pressure and the run queue, as /proc shows them."""
+        engine, cores = self.engine, self.device.cpu.cores
+        # Others get what they want unless the engine's threads compete for the cores: then every runnable task gets
+        # the same share of a core (8 build tasks beside 4 engine threads on 4 cores: 8 x 4/12 cores, not 4 x 4/12).
+        self.other_cores = min(cores, background * (engine.share(background) if running else 1.0))
+        threads = engine.config.threads if running and engine.config is not None else 0
+        self.cpu_psi = 100.0 * min(1.0, max(0.0, min(threads, cores) + background - cores) / cores)
+        self.run_queue = threads + math.ceil(background) + 1  # /proc/stat procs_running: the reader counts itself
 
     def _memory_pressure(self, h: float) -> None:
         """PSI some avg10: rises linearly from 0 to 50 % as available memory falls under PSI_KNEE of RAM, averaged
@@ -271,6 +278,7 @@ class World:
                 other_cores=round(self.other_cores, 3),
                 engine_cores=round(self.busy_cores, 3),
                 psi_some_avg10=round(self.cpu_psi, 2),
+                run_queue=self.run_queue,
                 clusters=self._clusters,
             ),
         )

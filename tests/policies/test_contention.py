@@ -121,15 +121,29 @@ def test_on_a_busy_machine_one_more_thread_is_probed_and_kept(policy: Policy) ->
 
 
 def test_a_probe_that_loses_backs_off(policy: Policy) -> None:
-    """One hog (the issue's table): 2 threads lose every probe; probes get rarer and each is short."""
+    """One hog (the issue's table), the run queue unknown: 2 threads lose the probe 25 tok/s to 48 and are not tried
+    again for 120 s x (48 / 25)² = 7.4 minutes after their last comparison; each probe ends at its first figure."""
     decisions = closed_loop(StateMachine(policy), [HOG] * 900)
     seen = [d.engine.threads for d in decisions]
     starts = [i for i in range(1, len(seen)) if seen[i] == 2 and seen[i - 1] == 1]
-    assert 3 <= len(starts) <= 6, starts
-    gaps = [b - a for a, b in itertools.pairwise(starts)]
-    assert gaps == sorted(gaps)  # the wait doubles (the verdict's 120 s age bounds it from below)
-    assert seen[5:].count(2) <= len(starts) * 8  # at most probe_max_s each
+    assert len(starts) == 2, starts
+    assert starts[1] - starts[0] >= 120 * (48 / 25) ** 2
+    assert seen[5:].count(2) <= len(starts) * 4  # a settle time and a tick each, not probe_max_s
     assert seen[-1] == 1
+
+
+def test_beside_one_hog_the_run_queue_says_no_probe_is_worth_it(policy: Policy) -> None:
+    """The run queue holds the hog, the engine's thread and the reader: the others' one task has the core the cap
+    leaves them, so one thread more would only share a core with it and wait at the barrier (4-40x slower on this
+    machine's VM): never tried, no flip-flop over 15 minutes."""
+    gov, threads, seen = StateMachine(policy), 2, []
+    for t in range(900):
+        cpu = Cpu(freq_ratio=None, throttled=None, count=2, other_cores=HOG, engine_cores=float(threads) * 0.95,
+                  psi_some_avg10=66.5, run_queue=1 + threads + 1)  # fmt: skip
+        engine = engine_at(threads, HOG)
+        threads = gov.decide(snap(50.0).model_copy(update={"cpu": cpu}), engine, float(t)).engine.threads
+        seen.append(threads)
+    assert seen[3:] == [1] * (len(seen) - 3)
 
 
 def test_a_short_burst_does_not_take_threads(policy: Policy) -> None:
