@@ -48,6 +48,8 @@ class ThreadsNote:
     quiet_s: float | None = None  # the load fell: quiet this long of the dwell before threads come back
     dwell_s: float = 0.0
     probe: tuple[int, int, float] | None = None  # (threads tried, the count in force, its tok/s): an upward probe
+    passthrough: bool = False  # `measured` chose the ungoverned count over the policy's: governing was losing
+    ungoverned_probe: bool = False  # `probe` tries the ungoverned count (never lose to nothing), not one more
 
 
 class ThreadFit:
@@ -65,6 +67,8 @@ class ThreadFit:
         self._busy = False
         self._probe: tuple[int, float] | None = None  # (threads tried, since when)
         self._probe_t = -float("inf")  # when the last probe ended
+        self._ungoverned: int | None = None  # this tick's ungoverned count, where it may be tried (`limit`)
+        self.returning = False  # a probe just ended: going back is part of it (the state machine applies it at once)
 
     @property
     def pending(self) -> bool:
@@ -156,12 +160,17 @@ class ThreadFit:
         if t - self._want_since >= (cfg.enter_debounce_s if want > self.taken else cfg.dwell_s):
             self.taken, self._want_since, self._stable_since = want, None, t
 
-    def limit(self, threads: int, t: float) -> tuple[int, ThreadsNote | None]:
+    def limit(self, threads: int, t: float, *, ungoverned: int | None = None) -> tuple[int, ThreadsNote | None]:
         """The thread count after the free-core cap, the measured verdicts and the probe; a note when any of them
-        moved it off `threads`."""
+        moved it off `threads`. `ungoverned`: the count the engine would run ungoverned (every CPU), where the policy
+        chose fewer for speed (cores of different speed) and nothing asked for the loss: measured against the
+        policy's count now and then (never lose to nothing); None: not to be tried."""
         cfg, cpu = self.cfg, self._cpu
+        self.returning = False
         if not cfg.enabled or cpu is None:
             return threads, None
+        self._ungoverned = ungoverned if ungoverned is not None and ungoverned > threads else None
+        ceiling = max(threads, self._ungoverned or 0)
         count = cpu.count
         # Others want every core: whatever the count, each thread shares a core and waits at the barrier, and the
         # scheduler's per-thread shares give more threads more CPU; a cap would only cede them. No cap then.
@@ -169,7 +178,7 @@ class ThreadFit:
         n = min(threads, cap) if cap is not None else threads
         measured = probe = None
         fresh = self._fresh(t)
-        allowed = {k: r for k, r in fresh.items() if k <= threads and not self.banned(k, t)}
+        allowed = {k: r for k, r in fresh.items() if k <= ceiling and not self.banned(k, t)}
         if allowed:
             best = max(allowed, key=allowed.__getitem__)
             current = fresh.get(n)
@@ -181,12 +190,13 @@ class ThreadFit:
                     measured = (best, allowed[best], n, slower)
                 n = best
         elif self.banned(n, t):  # the count the cap leaves lost before: its winner, however old its figure
-            winner = self._winner(n, threads)
+            winner = self._winner(n, ceiling)
             if winner is not None:
                 measured, n = winner, winner[0]
         tried = self._probing(n, threads, fresh, t)
         if tried is not None:
             probe, n = (tried, n, fresh[n]), tried
+        passthrough = self._ungoverned is not None and n == self._ungoverned and measured is not None and probe is None
         if len(self._rates) > 64:
             self._rates = {k: v for k, v in self._rates.items() if t - v[1] <= BAN_MAX_S}
             self._bans = {k: v for k, v in self._bans.items() if v > t}
@@ -195,7 +205,16 @@ class ThreadFit:
         bound = cap if cap is not None and cap < threads else None
         quiet = t - self._want_since if self._want_since is not None and self._falling else None
         note = ThreadsNote(
-            cpu.other_cores, count, self.taken, cpu.psi_some_avg10, bound, measured, quiet, cfg.dwell_s, probe
+            cpu.other_cores,
+            count,
+            self.taken,
+            cpu.psi_some_avg10,
+            bound,
+            measured,
+            quiet,
+            cfg.dwell_s,
+            probe,
+            passthrough,
         )
         return n, note
 
@@ -233,29 +252,31 @@ class ThreadFit:
         return others > cpu.count - n
 
     def _probing(self, n: int, threads: int, fresh: dict[int, float], t: float) -> int | None:
-        """The count to try instead of `n` (one more thread), or None. Pure bookkeeping on readings and time."""
+        """The count to try instead of `n` (one more thread where the run queue says so; the ungoverned count where
+        the policy chose fewer), or None. Pure bookkeeping on readings and time."""
         cfg = self.cfg
         if self._probe is not None:
             tried, since = self._probe
             at = self._rates.get((self._model or "", self.taken, tried), (0.0, -float("inf")))[1]
-            if at < since and t - since < cfg.probe_max_s and tried == n + 1 and n in fresh:
+            if at < since and t - since < cfg.probe_max_s and tried in (n + 1, self._ungoverned) and n in fresh:
                 return tried
             self._probe, self._probe_t = None, t  # measured (or given up): the verdicts judge from here
+            self.returning = True
             return None
-        if (
+        if not (
             cfg.probe_interval_s > 0
             and self._busy
-            and n < threads
             and n in fresh
-            and n + 1 not in fresh
-            and not self.banned(n + 1, t)
             and self._threads == n
             and t - self._stable_since >= cfg.probe_interval_s
             and t - self._probe_t >= cfg.probe_interval_s
-            and self._crowded(n)
         ):
-            self._probe = (n + 1, t)
-            return n + 1
+            return None
+        options = [self._ungoverned, n + 1 if n < threads and self._crowded(n) else None]
+        for option in options:
+            if option is not None and option > n and option not in fresh and not self.banned(option, t):
+                self._probe = (option, t)
+                return option
         return None
 
     def readings(self) -> dict[str, float | None]:

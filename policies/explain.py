@@ -206,12 +206,19 @@ def _contention(note: ThreadsNote) -> list[str]:
         psi = "" if note.psi is None else f" (CPU pressure {note.psi:.0f} %)"
         quiet = "" if note.quiet_s is None else f", quiet for {note.quiet_s:.0f} of {_n(note.dwell_s)} s"
         out.append(f"other processes use {use} of {note.count} cores{psi}{quiet}")
-    if note.measured is not None:
+    if note.measured is not None and note.passthrough:
+        chosen, rate, other, other_rate = note.measured
+        out.append(
+            f"pass-through: governed {other_rate:.1f} tok/s with {_threads(other)} vs {rate:.1f} measured ungoverned "
+            f"({_threads(chosen)})"
+        )
+    elif note.measured is not None:
         chosen, rate, other, other_rate = note.measured
         out.append(f"{_threads(chosen)} measured {rate:.0f} tok/s vs {other_rate:.0f} with {other}")
     if note.probe is not None:
         tried, was, rate = note.probe
-        out.append(f"trying {_threads(tried)} for a few seconds ({_threads(was)} measured {rate:.0f} tok/s)")
+        what = f"the ungoverned {_threads(tried)}" if note.ungoverned_probe else _threads(tried)
+        out.append(f"trying {what} for a few seconds ({_threads(was)} measured {rate:.0f} tok/s)")
     return out
 
 
@@ -233,9 +240,12 @@ def explain(k: Tick, fired: str, clause: Clause) -> tuple[str, Readings]:
         else:
             note = k.contention
             above = note.probe is not None or (note.measured is not None and note.measured[0] > note.measured[2])
-            clauses.append(
-                f"{_threads(k.config.threads)} {'despite the load' if above else 'at most'}: {', '.join(why)}"
-            )
+            if note.passthrough or note.ungoverned_probe:
+                clauses.append(", ".join(why))
+            else:
+                clauses.append(
+                    f"{_threads(k.config.threads)} {'despite the load' if above else 'at most'}: {', '.join(why)}"
+                )
     if k.ramping:
         clauses.append(f"threads come back one per {_n(pol.timing.recover_step_s)} s")
     if k.declined is not None:

@@ -18,7 +18,7 @@ from policies.changecost import Dwell, Price, Rates, price
 from policies.contention import ThreadFit, ThreadsNote
 from policies.controller import PIController
 from policies.cores import Cores
-from policies.decision import PRIORITY, Decision, EngineConfig, Hold, KvType, Outlook, State
+from policies.decision import PRIORITY, THREADS_MAX, Decision, EngineConfig, Hold, KvType, Outlook, State
 from policies.explain import Tick, explain, rule_of
 from policies.filters import BusyWindow, Forecast, Trigger
 from policies.ladder import ModelLadder
@@ -183,13 +183,23 @@ class StateMachine:
         # oversubscribed core slows them all (a 4-thread profile on a 2-core box). Unknown count: "all" is 4.
         # On cores of different speed, the count at or under that with the most speed (policies/cores.py).
         cores = self.power.model.cores
-        threads = cores.best(all_of(min([lim.threads for lim in active] + caps), snapshot.cpu.count))
-        # ... and none on cores other processes hold, unless fewer measured faster (policies/contention.py).
-        threads, contention = self._fit_threads.limit(threads, t)
-        threads = cores.best(threads)
+        allowed = all_of(min([lim.threads for lim in active] + caps), snapshot.cpu.count)
+        threads = cores.best(allowed)
+        # ... and none on cores other processes hold, unless fewer measured faster (policies/contention.py); where
+        # the cores' speeds chose fewer than the engine would run ungoverned, and nothing asked for a loss, that count
+        # is measured against it now and then: governing never loses to nothing (`ungoverned`).
+        asked = bool(caps or rate_caps) or self.state not in ACTIVITY or pin is not None
+        ungoverned = None if asked or allowed >= THREADS_MAX else allowed
+        threads, contention = self._fit_threads.limit(threads, t, ungoverned=ungoverned)
+        if contention is None or (contention.measured is None and contention.probe is None):
+            threads = cores.best(threads)  # measured (or being measured) counts stand as they are
         rates = [lim.rate for lim in active if lim.rate is not None] + rate_caps
         rate = min(rates) if rates else None
-        threads, rate = self._recover(threads, rate, prev, t)
+        measured = contention is not None and (contention.measured is not None or contention.probe is not None)
+        if measured:
+            self._ramping = False
+        else:
+            threads, rate = self._recover(threads, rate, prev, t)
         freq = self.power.freq_now(t, self.policy.timing.recover_step_s)
         n_ctx = min([lim.n_ctx for lim in active] + [h.max_ctx for h in sizing if h.max_ctx is not None])
         kv: KvType = KV_ORDER[max(lim.kv_rank for lim in active)]
@@ -370,7 +380,12 @@ class StateMachine:
                 active.append(self._limits[State.HOT].at(choice.threads, choice.rate))
         else:
             self._pi, self._pi_u = None, None
-            if self.state == State.CRITICAL:
+            if self.state == State.CRITICAL and self._memory_only(sense):
+                # Out of memory and nothing else: the critical profile's memory (smallest tier, context, KV), not its
+                # CPU limits; one thread at 1 tok/s frees no memory and loses every token it could have made.
+                crit = limits[State.CRITICAL]
+                active.append(crit.at(THREADS_MAX, None))
+            elif self.state == State.CRITICAL:
                 active += [limits[State.CRITICAL], self._hot_at(0.0)]
                 if self.power.enabled:
                     self.power.allocate(0.0, self._cpus)
@@ -403,6 +418,18 @@ class StateMachine:
             self._cores_key = key
             self.power.model.set_cores(Cores(cpu.clusters, cpu.count))
 
+    def _memory_only(self, sense: Sense) -> bool:
+        """Critical for the memory floor alone (no heat, no battery, no given-up engine)."""
+        return sense.crit_memory and not (sense.crit_thermal or sense.crit_battery or sense.given_up is not None)
+
+    def _smaller(self, config: EngineConfig, prev: EngineConfig) -> bool:
+        fp, old = self.footprints.get(config.model), self.footprints.get(prev.model)
+        if fp is None or old is None:
+            return config.n_ctx < prev.n_ctx
+        mem = self.policy.memory
+        size = fp.total_bytes(config.n_ctx, config.kv_type, mem, config.n_batch)
+        return size < old.total_bytes(prev.n_ctx, prev.kv_type, mem, prev.n_batch)
+
     def _kills(self, config: EngineConfig) -> bool:
         """Running `config` now would meet the killer (MemoryPlan.kill_predicted)."""
         fp = self.footprints.get(config.model)
@@ -430,7 +457,8 @@ class StateMachine:
         budget, or a stop or a start."""
         if prev is None or config == prev:
             return True, True
-        crit = self.state == State.CRITICAL or RANK[self.state] < RANK[previous_state] or sense.crit_memory
+        crit = self.state == State.CRITICAL or sense.crit_memory
+        escalated = RANK[self.state] < RANK[previous_state]  # a safer state: its cuts at once, not a pending growth
         view, temp = sense.view, sense.view.temp_c
         fewer = config.threads < prev.threads
         old_rate, new_rate = prev.max_tokens_per_s or math.inf, config.max_tokens_per_s or math.inf
@@ -441,13 +469,16 @@ class StateMachine:
         overcommit = snapshot.cpu.count is not None and prev.threads > snapshot.cpu.count
         live = (
             crit
+            or (escalated and (fewer or new_rate < old_rate))
             or capped
             or (step and near_trip)
             or (cut and over_setpoint)
             or (fewer and (contention is not None or overcommit))
+            or (contention is not None and contention.probe is not None)  # a probe is short and bounded ...
+            or (fewer and self._fit_threads.returning)  # ... and so is coming back from it
         )
         stop_start = fitted is not None and (fitted.wait is not None or self._waiting)
-        reload = crit or sized or stop_start or self._outgrown(prev)
+        reload = crit or sized or stop_start or self._outgrown(prev) or (escalated and self._smaller(config, prev))
         return live, reload
 
     def _admit(

@@ -21,6 +21,7 @@ Pure: readings and time in, a `Fit` out.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 
 from policies.decision import KvType
@@ -28,6 +29,9 @@ from policies.memfit import MIB, Candidate, Fit, fit
 from policies.schema import KV_ORDER, Memory, Timing
 from sensors.snapshot import EngineObservation
 
+FORECAST_S = 10.0  # memory that is falling counts this far ahead (ADPF's thermal forecast horizon)
+FORECAST_WINDOW_S = 6.0  # ... at the slope over this long
+SHRINK_BAND = 0.2  # a shrink goes to a setting that leaves this share of the budget free
 BAND_FRACTION = 0.25  # growth back past a ceiling pressure set needs the budget this much (of the ceiling) larger
 
 
@@ -42,6 +46,7 @@ class MemoryPlan:
         self._shrink_t = -math.inf
         self._ceiling: tuple[float, float] | None = None  # (bytes that caused pressure, the budget then)
         self.last: Fit | None = None
+        self._rooms: deque[tuple[float, float]] = deque()  # (t, available + the engine's) over FORECAST_WINDOW_S
         self._cache: dict[tuple[int, int, str, int], Fit] = {}
         self.room: float | None = None  # what the engine could hold before a kill (available + its own), this tick
         self.budget: float | None = None  # what a setting may take this tick (after the reserve and PSI's shrink)
@@ -94,6 +99,14 @@ class MemoryPlan:
             )
         if budget is not None and result.wait is None:
             result = self._banded(result, candidates, ctx, kv, budget)
+            last = self.last
+            if last is not None and last.wait is None and last.bytes > budget:
+                # Leaving a setting that no longer fits (the exit band): to one with SHRINK_BAND of the budget to
+                # spare, so that memory still falling (other programs allocate over seconds) takes one step, not one
+                # reload per tick.
+                spare = fit(candidates, max_ctx=ctx, kv_type=kv, budget_bytes=budget * (1 - SHRINK_BAND), memory=mem)
+                if spare.wait is None:
+                    result = spare
         if result.wait is not None and budget is not None and budget < self._budget_raw:
             # Only PSI's shrink is short of room: run the smallest setting that fits rather than stop (stopping ends
             # the pressure, which would start the engine again: a stop/start loop).
@@ -167,10 +180,25 @@ class MemoryPlan:
             return self.last.bytes  # a model is loaded but its size is not reported: our own estimate
         return 0.0
 
+    def _falling(self, room: float, t: float) -> float:
+        """Memory other programs are taking right now, forecast FORECAST_S ahead (their allocation ramps over
+        seconds): counted against the budget at once, as the thermal forecast counts a rising temperature, so a
+        shrink lands where the memory is going, not one reload per tick behind it. Bytes (0 when not falling)."""
+        window = self._rooms
+        window.append((t, room))
+        while window and t - window[0][0] > FORECAST_WINDOW_S:
+            window.popleft()
+        t0, r0 = window[0]
+        if t - t0 < FORECAST_WINDOW_S / 4:
+            return 0.0
+        slope = (room - r0) / (t - t0)
+        return max(0.0, -slope * FORECAST_S)
+
     def _budget_now(self, available: int, engine: EngineObservation | None, pressure: bool, t: float) -> float:
         """Bytes the engine may use: available + what the engine holds now (a reload frees it) - the reserve."""
         mem, timing = self.cfg, self.timing
-        budget = available + self._in_use(engine) - mem.reserve_mb * MIB
+        room = available + self._in_use(engine)
+        budget = room - mem.reserve_mb * MIB - self._falling(room, t)
         # Input hysteresis: less memory counts at once, more only after it grew by a margin, once per step.
         if self._budget is None or budget < self._budget:
             self._budget = budget
