@@ -180,6 +180,9 @@ class Decision(BaseModel):
     freq_ratio: float | None = None  # CPU clock cap as a share of each cluster's maximum; None: no cap
     # Nothing fits in memory: keep the engine stopped (requests wait) until this is None again; says why.
     engine_wait: str | None = None
+    # The CPUs the engine's threads run on (the fastest cores for their count; policies/cores.py); None: wherever the
+    # scheduler puts them.
+    affinity: tuple[int, ...] | None = None
     _why: Why | None = PrivateAttr(default=None)
     _outlook: Outlook = PrivateAttr(default_factory=lambda: UNKNOWN)  # a default would be deep-copied (10 µs)
 
@@ -209,13 +212,14 @@ class Decision(BaseModel):
         freq_ratio: float | None,
         engine_wait: str | None,
         outlook: Outlook,
+        affinity: tuple[int, ...] | None = None,
     ) -> Decision:
         """The state machine's, every tick: fields it built from validated values, and the why to build later. Set
         as `model_construct` sets them, without its generic pass over the fields (4 µs here, 16 there: a tenth of a
         hot decide())."""
         decision = cls.__new__(cls)
         fields = {"t": t, "state": state, "engine": engine, "rule": rule, "changed": changed}
-        fields |= {"freq_ratio": freq_ratio, "engine_wait": engine_wait}
+        fields |= {"freq_ratio": freq_ratio, "engine_wait": engine_wait, "affinity": affinity}
         object.__setattr__(decision, "__dict__", fields)
         object.__setattr__(decision, "__pydantic_fields_set__", set(fields))
         object.__setattr__(decision, "__pydantic_extra__", None)

@@ -232,7 +232,7 @@ class StateMachine:
                 None if sense.forecast_c is None else round(sense.forecast_c, 2), sense.view.hot_enter_c,
                 sense.battery.percent if sense.battery is not None else None,
                 sense.on_power if sense.battery is not None else None,
-            ),
+            ), affinity=self._placement(config),
         )  # fmt: skip
         self.last = decision
         return decision
@@ -417,6 +417,11 @@ class StateMachine:
         if key != self._cores_key:
             self._cores_key = key
             self.power.model.set_cores(Cores(cpu.clusters, cpu.count))
+
+    def _placement(self, config: EngineConfig) -> tuple[int, ...] | None:
+        """The CPUs for the threads: the fastest cores for their count; None where every core is alike."""
+        cores = self.power.model.cores
+        return None if cores.alike else cores.cpus(config.threads)
 
     def _memory_only(self, sense: Sense) -> bool:
         """Critical for the memory floor alone (no heat, no battery, no given-up engine)."""

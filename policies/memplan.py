@@ -183,16 +183,21 @@ class MemoryPlan:
     def _falling(self, room: float, t: float) -> float:
         """Memory other programs are taking right now, forecast FORECAST_S ahead (their allocation ramps over
         seconds): counted against the budget at once, as the thermal forecast counts a rising temperature, so a
-        shrink lands where the memory is going, not one reload per tick behind it. Bytes (0 when not falling)."""
+        shrink lands where the memory is going, not one reload per tick behind it. Only a sustained fall (both halves
+        of the window falling) is extrapolated, at the slower half's pace: a step (a program that took its memory at
+        once) is already all in the reading. Bytes (0 when not falling)."""
         window = self._rooms
         window.append((t, room))
         while window and t - window[0][0] > FORECAST_WINDOW_S:
             window.popleft()
         t0, r0 = window[0]
-        if t - t0 < FORECAST_WINDOW_S / 4:
+        if t - t0 < FORECAST_WINDOW_S / 2:
             return 0.0
-        slope = (room - r0) / (t - t0)
-        return max(0.0, -slope * FORECAST_S)
+        tm, rm = min(window, key=lambda tr: abs(tr[0] - (t0 + t) / 2))
+        if not t0 < tm < t:
+            return 0.0
+        first, second = (r0 - rm) / (tm - t0), (rm - room) / (t - tm)
+        return max(0.0, min(first, second)) * FORECAST_S
 
     def _budget_now(self, available: int, engine: EngineObservation | None, pressure: bool, t: float) -> float:
         """Bytes the engine may use: available + what the engine holds now (a reload frees it) - the reserve."""

@@ -24,6 +24,7 @@ import structlog
 from govbase.errors import GovernorError
 from governor.actuator import Actuator
 from governor.clock import Clock, RealClock, Wake
+from governor.daemon.affinity import Affinity
 from governor.daemon.config import DaemonConfig
 from governor.daemon.desired import DesiredEngine
 from governor.daemon.engine import SupervisedDecider, SupervisedEngine
@@ -236,6 +237,7 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
     actuators: list[Actuator] = [
         engine,
         freq,
+        Affinity(lambda: supervisor.pid),
     ]  # applied in this order after each decision; restored in the reverse order
     loop = GovernorLoop(sensors, decider, engine, clock, actuators=actuators, wake=wake, holds=holds.in_force)
 

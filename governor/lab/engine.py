@@ -40,6 +40,7 @@ class EngineSim:
         self.room_bytes = float("inf")  # what other programs leave (the world sets it each step)
         self._cached: set[str] = set()  # models read once stay in the page cache (mmap) unless memory runs out
         self.config: EngineConfig | None = None
+        self.affinity: tuple[int, ...] | None = None  # the CPUs the threads may run on (None: any)
         self._swap: WarmSwap | None = None  # a KV type change being built beside the answering context
         self._deferred: EngineConfig | None = None  # llama-server: a restart waiting for the answer in progress
         self.tier: SimModelSpec | None = None
@@ -115,15 +116,37 @@ class EngineSim:
         """The figures the engine runs with under `config`."""
         self.config = config
         self.tier = tier = self.spec.tier(config.model)
-        cpu = self.cpu
-        threads = min(config.threads, cpu.cores)
-        self._big = min(threads, cpu.cores - cpu.little_cores)
-        self._little = threads - self._big
-        self._speed = threads * (cpu.little_speed if self._little else 1.0)
+        self._place()
         self._kv_per_tok = tier.kv_bytes_per_token(config.kv_type)
         self._weights = tier.weights_mb * MB
         self._footprint = self.spec.footprint_bytes(tier, config.n_ctx, config.kv_type, config.n_batch)
         self._prefill_eff = batch_efficiency(config.n_batch)
+
+    def set_affinity(self, cpus: tuple[int, ...] | None) -> None:
+        """The CPUs the threads may run on (the daemon's affinity actuator); None: any, big cores first (the
+        scheduler's energy-aware placement moves busy threads to big cores)."""
+        if cpus != self.affinity:
+            self.affinity = cpus
+            if self.config is not None:
+                self._place()
+
+    def _place(self) -> None:
+        """Threads on cores: big first among the CPUs allowed (CPUs 0..big-1 are big, as the snapshot's clusters
+        say). More threads than allowed CPUs share them: each runs a share of a core and waits at every step's
+        barrier for the descheduled ones (barrier_efficiency, as beside another process)."""
+        assert self.config is not None
+        cpu = self.cpu
+        big_cores = cpu.cores - cpu.little_cores
+        allowed = range(cpu.cores) if self.affinity is None else [c for c in self.affinity if 0 <= c < cpu.cores]
+        big_ok = sum(c < big_cores for c in allowed) or (0 if allowed else big_cores)
+        little_ok = len(allowed) - sum(c < big_cores for c in allowed) if allowed else cpu.little_cores
+        threads = self.config.threads
+        self._big = min(threads, big_ok)
+        self._little = min(threads - self._big, little_ok)
+        placed = self._big + self._little
+        pace = cpu.little_speed if self._little else 1.0
+        crowded = 1.0 if threads <= placed else placed / threads * self.spec.barrier_efficiency
+        self._speed = threads * pace * crowded
 
     def _resize(self, t: float) -> None:
         """An n_ctx (or n_batch) change with the same model and KV type: a new context, the sequence's cache copied

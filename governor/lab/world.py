@@ -361,6 +361,25 @@ class SimulatedClock:
         return {"writable": self.world.device.cpu.freq_writable, "ratio": self.world.user_cap}
 
 
+class SimulatedAffinity:
+    """The thread placement actuator of a simulated device (the daemon's affinity actuator): the CPUs the engine's
+    threads may run on."""
+
+    name = "affinity"
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    def apply(self, decision: Decision) -> None:
+        self.world.engine.set_affinity(decision.affinity)
+
+    def restore(self) -> None:
+        self.world.engine.set_affinity(None)
+
+    def status(self) -> dict[str, Any]:
+        return {"cpus": self.world.engine.affinity}
+
+
 def actuators(world: World, engine: SimulatedEngine) -> list[Actuator]:
     """The lab's actuators, each the simulated twin of the daemon's, in the daemon's order (governor.daemon.app)."""
-    return [engine, SimulatedClock(world)]
+    return [engine, SimulatedClock(world), SimulatedAffinity(world)]
