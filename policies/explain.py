@@ -11,7 +11,7 @@ from policies.decision import PRIORITY, EngineConfig, Readings, State
 from policies.decision import readable as _n
 from policies.memfit import MIB, Fit
 from policies.readings import Sense, ThermalView
-from policies.schema import Policy
+from policies.schema import Memory, Policy
 from sensors.snapshot import EngineObservation
 
 Clause = Callable[[], str]  # a part of the reason, formatted when the reason is read
@@ -251,7 +251,7 @@ def explain(k: Tick, fired: str, clause: Clause) -> tuple[str, Readings]:
     if k.declined is not None:
         clauses.append(k.declined)
     if k.sense.pressure and k.sense.psi is not None:
-        clauses.append(f"memory pressure {k.sense.psi:.0f} % ≥ {_n(pol.memory.psi_exit)} %, shrinking")
+        clauses.append(_pressure(k.sense.psi, pol.memory))
     if k.fit is not None:
         if k.fit.wait is not None:
             clauses.append(f"{k.fit.wait} ({k.fit.model} needs {k.fit.bytes / MIB:.0f} MiB at n_ctx {k.fit.n_ctx})")
@@ -299,3 +299,13 @@ def explain(k: Tick, fired: str, clause: Clause) -> tuple[str, Readings]:
         **(k.load or {}),
     }
     return reason, readings
+
+
+def _pressure(psi: float, mem: Memory) -> str:
+    if psi >= mem.psi_exit:
+        return f"memory pressure {psi:.0f} % ≥ {_n(mem.psi_exit)} %, shrinking"
+    # the exit is debounced: PSI must stay under psi_exit that long
+    return (
+        f"memory pressure {psi:.0f} % < {_n(mem.psi_exit)} %, the shrink holds until it has stayed below for"
+        f" {_n(mem.psi_exit_debounce_s)} s"
+    )

@@ -135,10 +135,13 @@ class Fit:
     note: str = ""  # a forced KV fallback, said in the reason
     budget_bytes: float | None = None  # what it had to fit in (None: memory unknown)
     n_batch: int | None = None  # lowered below the policy's memory.n_batch to fit (None: not lowered)
+    held: str | None = None  # the engine in force is about to be killed for what it holds now: why it stops
 
     @property
     def wait(self) -> str | None:
         """When nothing fits: why the engine must not run now (starting it would only meet the OOM killer)."""
+        if self.held is not None:
+            return self.held
         if self.bound != "nothing fits" or self.budget_bytes is None:
             return None
         return f"no tier fits in {max(0.0, self.budget_bytes) / MIB:.0f} MiB; waiting for memory"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 
 from policies.decision import KvType
 from policies.memfit import MIB, Candidate, Fit, fit
@@ -115,8 +116,27 @@ class MemoryPlan:
                 result = smallest
         if result.wait is not None and self.room is not None:
             result = self._runs_anyway(result, candidates, lmkd=lmkd)
+        if result.wait is None:
+            result = self._held(result, candidates, engine, lmkd=lmkd)
         self.last = result
         return result
+
+    def _held(
+        self, result: Fit, candidates: Sequence[Candidate], engine: EngineObservation | None, *, lmkd: bool
+    ) -> Fit:
+        """What the engine holds now beyond any setting's plan (a warm build's second context while memory falls) is
+        about to meet the killer: the engine pauses (which frees it) and starts again with `result` at the next
+        tick, rather than be killed mid-answer. What the killer counts: the engine's anonymous memory (all of it
+        under lmkd)."""
+        if self.room is None or engine is None or engine.rss_bytes is None:
+            return result
+        held = engine.rss_bytes if lmkd or engine.anon_bytes is None else engine.anon_bytes
+        if lmkd is False and engine.anon_bytes is None:  # the mapped weights may be partly out: at least this
+            held -= next((c.footprint.file_bytes for c in candidates if c.name == engine.model), 0)
+        if held <= self.room - self.cfg.kill_margin_mb * MIB:
+            return result
+        why = f"the engine holds {held / MIB:.0f} MiB the kernel cannot reclaim, {self.room / MIB:.0f} MiB left: "
+        return replace(result, held=why + "paused before a kill")
 
     def within(self, candidates: Sequence[Candidate], *, n_ctx: int, kv: KvType) -> Fit | None:
         """The largest setting of these tiers that fits this tick's budget; if only PSI's shrink is short of room,
@@ -170,7 +190,9 @@ class MemoryPlan:
         )
         if not allowed:  # the profiles in force no longer allow it: the fit stands
             return result
-        spare = fit(candidates, max_ctx=ctx, kv_type=kv, budget_bytes=budget - mem.grow_margin_mb * MIB, memory=mem)
+        # at least as much to spare as a shrink leaves (the exit band's target), or a shrink grows back at once
+        margin = max(mem.grow_margin_mb * MIB, SHRINK_BAND * budget)
+        spare = fit(candidates, max_ctx=ctx, kv_type=kv, budget_bytes=budget - margin, memory=mem)
         return spare if spare.wait is None and spare.bytes > last.bytes else last
 
     def _in_use(self, engine: EngineObservation | None) -> float:

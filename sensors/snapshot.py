@@ -100,6 +100,9 @@ class EngineObservation(Frozen):
     tokens_per_s: float | None = None
     model: str | None = None
     rss_bytes: int | None = None
+    # Of rss_bytes, what is not file-backed (RSS minus the mapped files' resident pages: KV cache, compute buffer,
+    # runtime): what the kernel cannot reclaim short of killing the process.
+    anon_bytes: int | None = Field(default=None, ge=0)
     loaded: bool | None = None  # False: the engine unloaded its model after --keep-alive idle seconds
     threads: int | None = None  # the threads the engine runs with now (what tokens_per_s was measured at)
     # Tokens in the KV cache (the context's fill) now; at most the largest n_ctx a policy may set (policies' `Ctx`).

@@ -188,7 +188,7 @@ class EngineApp:
             "context_tokens": None if current is None else current.context_tokens,
             "queue_length": w.waiting,
             "queue_max": self.queue_max,
-            "rss_bytes": self._process.memory_info().rss,
+            **_memory(self._process),
             "pid": os.getpid(),
             **vars(w.counters),
             "rejected_total": self.rejected_total,
@@ -398,3 +398,13 @@ def _settle(fut: asyncio.Future[Any], value: Any, exc: Exception | None) -> None
         fut.set_exception(exc)
     else:
         fut.set_result(value)
+
+
+def _memory(process: psutil.Process) -> dict[str, int]:
+    """The process's resident memory, and of it what is not file-backed (Linux: `shared` is RssFile + RssShmem)."""
+    info = process.memory_info()
+    shared = getattr(info, "shared", None)
+    out = {"rss_bytes": info.rss}
+    if shared is not None:
+        out["anon_bytes"] = max(0, info.rss - shared)
+    return out

@@ -68,6 +68,7 @@ class EngineStatus(EngineConfig):
     queue_length: int = 0
     context_tokens: int | None = Field(default=None, ge=0, le=1 << 20)  # bounded as n_ctx is (policies' `Ctx`)
     rss_bytes: int | None = None
+    anon_bytes: int | None = Field(default=None, ge=0)
     loaded: bool | None = None  # None: an engine from before idle unload
     paused: str | None = None  # why the model is held unloaded (POST /engine/pause)
 
@@ -78,6 +79,7 @@ class EngineStatus(EngineConfig):
             tokens_per_s=self.tokens_per_s,
             model=self.model,
             rss_bytes=self.rss_bytes,
+            anon_bytes=self.anon_bytes,
             loaded=self.loaded,
             threads=self.threads,  # what tokens_per_s was measured at (policies/contention.py)
             context_tokens=self.context_tokens,  # the memory ceiling falls as it fills (policies/devicemodel.py)

@@ -279,6 +279,13 @@ class EngineSim:
             return int(self._footprint + swap - self._evicted_bytes())
         return int(self.spec.overhead_mb * MB) if self.paused else 0
 
+    def anon_bytes(self) -> int:
+        """Of resident_bytes, what is not the mapped weights' page cache (the kernel's RssAnon)."""
+        if not self.loaded:
+            return self.resident_bytes()
+        weights = self._weights - self._evicted_bytes() if self.spec.weights_reclaimable else 0.0
+        return max(0, int(self.resident_bytes() - weights))
+
     def memory_left(self, room_bytes: float, t: float) -> None:
         """Other programs leave `room_bytes`: the kernel kills the process once what it cannot reclaim exceeds it."""
         self.room_bytes = room_bytes

@@ -319,12 +319,14 @@ class SimulatedEngine:
                 loaded=False,
                 threads=engine.config.threads,
                 rss_bytes=engine.resident_bytes(),
+                anon_bytes=engine.anon_bytes(),
             )
         return EngineObservation(
             busy=engine.busy(),
             tokens_per_s=engine.take_rate(),
             model=engine.config.model,
             rss_bytes=engine.resident_bytes(),  # 0 while loading: the snapshot's available memory holds it all
+            anon_bytes=engine.anon_bytes(),
             threads=engine.config.threads,
             context_tokens=round(engine.chat.ctx),
         )

@@ -20,7 +20,10 @@ from governor.lab.world import World
 from policies.decision import EngineConfig
 from tests.lab.test_experiment import SHIPPED
 
-WAITING = re.compile(r"no tier fits in \d+ MiB; waiting for memory")
+WAITING = re.compile(
+    r"no tier fits in \d+ MiB; waiting for memory"
+    r"|the engine holds \d+ MiB the kernel cannot reclaim, \d+ MiB left: paused before a kill"
+)
 PI = load_device("raspberry-pi-5")
 
 
