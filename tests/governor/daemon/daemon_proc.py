@@ -33,6 +33,9 @@ recover_dwell_s = 1.0
 recover_step_s = 0.75
 [activity]
 window_s = 60.0
+[changes]
+live_dwell_s = 0.5
+model_dwell_s = 5.0
 [thermal]
 enter_debounce_s = 0.0
 exit_debounce_s = 0.5
