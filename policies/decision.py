@@ -43,6 +43,7 @@ Threads = Annotated[int, Field(ge=1, le=THREADS_MAX)]
 Ctx = Annotated[int, Field(ge=64, le=1 << 20)]
 ModelName = Annotated[str, Field(min_length=1, max_length=200)]
 NBatch = Annotated[int, Field(ge=32, le=8192)]
+PoolMiB = Annotated[float, Field(ge=0, le=1 << 20)]
 KV_BYTES_PER_ELEMENT: dict[str, float] = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 
 
@@ -100,6 +101,16 @@ class EngineConfig(BaseModel):
             "compute buffer is a peak allocation: memory lowers it",
         ),
     ] = 512
+    lora_pool_mib: Annotated[
+        PoolMiB,
+        Knob(
+            "LoRA pool",
+            "MiB the engine may hold of LoRA adapters and the KV caches parked by adapter switches (default 64); "
+            "least recently used ones are freed to stay within it, and memory shrinks it first",
+            live=True,
+            unit=" MiB",
+        ),
+    ] = 64.0
 
     def change(self, update: Mapping[str, Any], *, strict: bool = True) -> EngineConfig:
         """These settings with `update`'s fields replaced, validated as a whole (ValidationError names the field).

@@ -10,6 +10,12 @@ daemon. Paths are relative to the ladder file.
     path = "demo-large.gguf"
     n_ctx = 2048          # default and largest context for this tier
     kv_type = "f16"       # default KV-cache type
+
+    [[adapter]]           # a LoRA adapter a request may pick ("model": "large:french"); see docs/engine.md
+    name = "french"
+    path = "french.gguf"  # a GGUF LoRA (llama.cpp's convert_lora_to_gguf.py)
+    base = "large"        # the tier it was trained on; it also runs on every tier of the same architecture
+    scale = 1.0
 """
 
 from __future__ import annotations
@@ -40,18 +46,48 @@ class ModelTier(BaseModel):
     flash_attn: bool = True
 
 
+# A request names an adapter as "TIER:ADAPTER": no colon in an adapter's name, and a length a log line can carry.
+ADAPTER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+ADAPTER_SCALE_MAX = 4.0  # llama.cpp takes any float; beyond a few times the trained strength an adapter only breaks
+ADAPTERS_MAX = 1024
+
+
+class LoraAdapter(BaseModel):
+    """A LoRA adapter file for the tiers of one architecture (checked against the file by the engine at start)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    name: str = Field(pattern=ADAPTER_NAME)
+    path: Path
+    base: str = Field(min_length=1)  # the tier it was trained for
+    scale: float = Field(default=1.0, gt=0, le=ADAPTER_SCALE_MAX)
+
+
 class ModelLadder(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     extra_buffers: ExtraBuffersMode = "auto"
     tier: tuple[ModelTier, ...] = Field(min_length=1)
+    adapter: tuple[LoraAdapter, ...] = Field(default=(), max_length=ADAPTERS_MAX)
 
     @model_validator(mode="after")
     def _unique_names(self) -> ModelLadder:
         names = [t.name for t in self.tier]
         if len(set(names)) != len(names):
             raise ValueError(f"tier names must be unique, got {names}")
+        adapters = [a.name for a in self.adapter]
+        if len(set(adapters)) != len(adapters):
+            raise ValueError(f"adapter names must be unique, got {adapters}")
+        for a in self.adapter:
+            if a.name in names:
+                raise ValueError(f"adapter {a.name!r} has a tier's name: a request's model would be ambiguous")
+            if a.base not in names:
+                raise ValueError(f"adapter {a.name!r}: base {a.base!r} is not a tier of this ladder ({names})")
         return self
+
+    @property
+    def adapters(self) -> tuple[LoraAdapter, ...]:
+        return self.adapter
 
     @property
     def tiers(self) -> tuple[ModelTier, ...]:
@@ -75,5 +111,8 @@ def load_ladder(path: Path) -> ModelLadder:
     ladder = load_toml_model(path, ModelLadder, LadderError)
     base = path.parent
     return ladder.model_copy(
-        update={"tier": tuple(t.model_copy(update={"path": (base / t.path).resolve()}) for t in ladder.tier)}
+        update={
+            "tier": tuple(t.model_copy(update={"path": (base / t.path).resolve()}) for t in ladder.tier),
+            "adapter": tuple(a.model_copy(update={"path": (base / a.path).resolve()}) for a in ladder.adapter),
+        }
     )

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from governor.engine import fault, refusals
+from governor.engine.adapters import split_model
 from governor.engine.chat import ChatRequest, CompletionRequest
 from governor.engine.config import Applied, ConfigRefused, resolve
 from governor.engine.events import Ended, Event, Failed, ModelChanged, Started, Text, Trimmed
@@ -163,6 +164,12 @@ class EngineApp:
             entry["context_length"] = w.settings.n_ctx if name == current else spec.default_ctx
             entry["max_context_length"] = spec.max_ctx
             data.append(entry)
+        m = w.slot.current
+        for name, a in w.adapters.items():  # a request picks one with "TIER:ADAPTER"; it runs on the current tier
+            entry = {"id": f"{a.base}:{name}", "object": "model", "created": 0, "owned_by": "governor"}
+            entry |= {"tier": a.base, "adapter": name, "scale": a.scale, "size_bytes": a.bytes, "error": a.error}
+            entry |= {"loaded": m is not None and name in m.adapters, "active": m is not None and m.adapter == name}
+            data.append(entry)
         return JSONResponse({"object": "list", "data": data})
 
     def status_body(self) -> dict[str, Any]:
@@ -186,6 +193,7 @@ class EngineApp:
             "tokens_per_s": round(w.tokens_per_s(), 3),
             "decode_tokens_per_s": None if w.decode_tokens_per_s is None else round(w.decode_tokens_per_s, 3),
             "context_tokens": None if current is None else current.context_tokens,
+            "lora_pool": w.slot.pool.status(current),
             "queue_length": w.waiting,
             "queue_max": self.queue_max,
             **_memory(self._process),
@@ -222,7 +230,12 @@ class EngineApp:
         loop = asyncio.get_running_loop()
         result: asyncio.Future[tuple[EngineConfig, Applied, float]] = loop.create_future()
 
+        carried: list[dict[str, Any]] = []
+
         def done(settings: EngineConfig, applied: Applied, seconds: float) -> None:
+            carry = self.worker.slot.pool.last_carry  # what a reload kept of the adapters, read on the worker
+            if applied == "reload" and carry is not None:
+                carried.append(carry.as_dict())
             loop.call_soon_threadsafe(_settle, result, (settings, applied, seconds), None)
 
         def fail(exc: Exception) -> None:
@@ -250,6 +263,8 @@ class EngineApp:
             if self._asked is target:  # nothing newer asked for: the next change merges into the settings in force
                 self._asked = None
         body = {"config": settings.model_dump(), "applied": applied, "seconds": round(seconds, 4)}
+        if carried:  # a reload that had adapters loaded: which it kept, which it dropped and why
+            body["adapters"] = carried[0]
         return JSONResponse(body | {"tokens_waited": job.tokens_waited})
 
     async def pause(self, request: Request) -> Response:
@@ -287,13 +302,9 @@ class EngineApp:
     async def _answer(
         self, request: Request, req: ChatRequest | CompletionRequest, wanted: Constraint, shape: type[Reply]
     ) -> Response:
-        if req.model is not None and req.model not in self.worker.models:
-            return error(
-                404,
-                f"unknown model {req.model!r}; this engine serves {list(self.worker.models)}",
-                param="model",
-                code="model_not_found",
-            )
+        adapter = self._adapter(req)
+        if isinstance(adapter, Response):
+            return adapter
         if self.worker.load() > self.queue_max:
             self.rejected_total += 1
             retry = max(1, min(60, math.ceil((self.worker.generation_s or 1.0) * (self.worker.waiting + 1))))
@@ -306,7 +317,7 @@ class EngineApp:
         fault.maybe_crash("decode", self.worker.settings.model)
         interval = stream_interval_s(self.stream_interval_ms, self.worker.settings.threads)
         events = Events(asyncio.get_running_loop(), eager=req.stream, interval_s=interval)
-        job = Job(req, events, wanted)
+        job = Job(req, events, wanted, adapter=adapter)
         self.worker.submit(job)
         watcher = asyncio.ensure_future(watch_disconnect(request.receive, events))
 
@@ -340,6 +351,29 @@ class EngineApp:
         finally:
             if not streaming:
                 close()
+
+    def _adapter(self, req: ChatRequest | CompletionRequest) -> str | Response | None:
+        """The LoRA adapter a request asks for ("model": "TIER:ADAPTER", or "governor": {"adapter": ...}), or the
+        4xx/5xx that says why it cannot have it (checked before it waits in the queue)."""
+        w = self.worker
+        try:
+            _tier, adapter = split_model(req.model, w.models, w.adapters)
+        except KeyError as exc:
+            return error(404, str(exc.args[0]), param="model", code="model_not_found")
+        asked = None if req.governor is None else req.governor.adapter
+        if asked is not None:
+            if asked not in w.adapters:
+                known = list(w.adapters) or "none"
+                message = f"unknown adapter {asked!r}; this engine has {known}"
+                return error(404, message, param="governor.adapter", code="model_not_found")
+            if adapter is not None and adapter != asked:
+                message = f"model names adapter {adapter!r} but governor.adapter {asked!r}"
+                return error(400, message, param="governor.adapter", code="conflicting_adapters")
+            adapter = asked
+        if adapter is not None and w.adapters[adapter].error is not None:
+            message = f"adapter {adapter!r} cannot be used: {w.adapters[adapter].error}"
+            return error(500, message, param="model", code="adapter_invalid")
+        return adapter
 
     async def _first(self, events: Events) -> tuple[list[Event] | None, float]:
         """The first events of an answer, and how long it waited behind a model load. None when the client went

@@ -112,6 +112,14 @@ class NamedToolChoice(BaseModel):
     function: FunctionName
 
 
+class GovernorOptions(BaseModel):
+    """A request's `governor` object: what this engine offers beyond OpenAI's fields."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    adapter: str | None = Field(default=None, min_length=1, max_length=64)  # a ladder LoRA adapter; null: none
+
+
 class Sampling(BaseModel):
     """Fields shared by chat and plain completions. Fields not declared here or in a subclass are collected
     (`extra="allow"`) and judged by refusals.py: honoured, harmlessly ignored, or a 400 naming the field.
@@ -134,6 +142,7 @@ class Sampling(BaseModel):
     seed: int | None = Field(default=None, ge=0, lt=1 << 32)
     stop: str | list[str] | None = None
     ignore_eos: bool = False  # llama.cpp server's extension: an end-of-generation token does not end the answer
+    governor: GovernorOptions | None = None
 
     @field_validator("stop")
     @classmethod

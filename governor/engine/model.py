@@ -9,6 +9,7 @@ import functools
 import gc
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ import numpy as np
 from llama_cpp.llama_chat_format import CHATML_CHAT_TEMPLATE, Jinja2ChatFormatter
 from llama_cpp.llama_grammar import LlamaGrammar
 
+from governor.engine.adapters import AdapterError, AdapterSpec
 from governor.engine.config import GGML_TYPE, ModelSpec, head_dim, learn_head_dim
 from governor.engine.extra_buffers import ExtraBuffers, choose, library_has_amx
 from governor.engine.plan import cache_fits
@@ -109,6 +111,11 @@ class SavedSequence:
     tokens: list[int]
     data: Any  # ctypes uint8 array
     size: int
+    adapter: str | None = None  # the LoRA adapter whose weights computed it: valid only under the same one
+
+
+# llama.cpp's reasons an adapter does not fit a model (llama-adapter.cpp), as opposed to a broken file.
+_MISFIT = ("arch mismatch", "does not exist in base model", "incorrect shape")
 
 
 class LoadedModel:
@@ -164,6 +171,68 @@ class LoadedModel:
         self.abort_requested = False
         self._abort_cb = llama_cpp.ggml_abort_callback(self._should_abort)
         self._no_cb = llama_cpp.ggml_abort_callback()
+        # LoRA adapters loaded on this model, least recently used first (governor.engine.adapters owns the order),
+        # the one set on the context (its weights computed the KV cache), and caches parked by adapter switches.
+        self.adapters: OrderedDict[str, Any] = OrderedDict()
+        self.adapter: str | None = None
+        self.parked: OrderedDict[str | None, SavedSequence] = OrderedDict()
+
+    @property
+    def architecture(self) -> str | None:
+        arch = self.llm.metadata.get("general.architecture")
+        return arch if isinstance(arch, str) else None
+
+    @property
+    def label(self) -> str:
+        """The model id an answer reports: the tier, and ":ADAPTER" when one is set."""
+        return self.spec.name if self.adapter is None else f"{self.spec.name}:{self.adapter}"
+
+    def load_adapter(self, spec: AdapterSpec) -> None:
+        """llama_adapter_lora_init: the adapter's matrices into a CPU buffer of this model (AdapterError with
+        llama.cpp's reason when it refuses: another architecture, other shapes, a broken file)."""
+        lines: list[str] = []
+        with _llama_log(lambda text: lines.append(text.decode(errors="replace").strip())):
+            handle = llama_cpp.llama_adapter_lora_init(self.llm.model, str(spec.path).encode())
+        if not handle:
+            reason = next((ln.split(": ", 2)[-1] for ln in lines if "lora" in ln.lower() and "fail" in ln), "")
+            reason = reason or next((ln for ln in reversed(lines) if ln), "no reason given")
+            if any(m in reason for m in _MISFIT):
+                raise AdapterError(
+                    f"adapter {spec.name!r} does not fit tier {self.spec.name!r} (llama.cpp: {reason})",
+                    status=503,
+                    code="adapter_unavailable",
+                )
+            raise AdapterError(
+                f"adapter {spec.name!r} cannot be loaded from {spec.path} (llama.cpp: {reason})",
+                status=500,
+                code="adapter_invalid",
+            )
+        self.adapters[spec.name] = handle
+
+    def free_adapter(self, name: str) -> None:
+        if name == self.adapter:  # never while it computes the cache: the base model takes over, cache cleared
+            self.clear_cache()
+            self.set_adapter(None, None)
+        llama_cpp.llama_adapter_lora_free(self.adapters.pop(name))
+
+    def set_adapter(self, name: str | None, scale: float | None) -> None:
+        """The context's adapter from the next decode on (llama.cpp re-reserves its compute graph then)."""
+        if name is None:
+            llama_cpp.llama_set_adapters_lora(self.llm.ctx, None, 0, None)
+        else:
+            handles = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(self.adapters[name])
+            scales = (ctypes.c_float * 1)(1.0 if scale is None else scale)
+            llama_cpp.llama_set_adapters_lora(self.llm.ctx, handles, 1, scales)
+        self.adapter = name
+
+    def clear_cache(self) -> None:
+        """Forget the KV cache (the next evaluation starts from the first token)."""
+        self.llm.reset()  # type: ignore[no-untyped-call]
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.llm.ctx), False)
+
+    def sequence_bytes(self) -> int:
+        """What `save_sequence` would copy (0: empty cache)."""
+        return int(llama_cpp.llama_state_seq_get_size(self.llm.ctx, 0)) if self.llm.n_tokens else 0
 
     def _should_abort(self, data: object) -> bool:
         return self.abort_requested
@@ -309,12 +378,14 @@ class LoadedModel:
         size = llama_cpp.llama_state_seq_get_size(ctx, 0)
         buf = (ctypes.c_uint8 * size)()
         got = llama_cpp.llama_state_seq_get_data(ctx, buf, size, 0)
-        return SavedSequence(self.llm.input_ids[:n].tolist(), buf, got) if got else None
+        return SavedSequence(self.llm.input_ids[:n].tolist(), buf, got, self.adapter) if got else None
 
     def restore_sequence(self, saved: SavedSequence) -> bool:
-        """Put a saved sequence into this context's cache (llama_state_seq_set_data); False when it does not fit
-        (the cache stays empty then)."""
+        """Put a saved sequence into this context's cache (llama_state_seq_set_data); False when it does not fit or
+        was computed under another adapter than the one set now (the cache stays empty then)."""
         n = len(saved.tokens)
+        if saved.adapter != self.adapter:
+            return False
         if not cache_fits(n, self.n_ctx) or not llama_cpp.llama_state_seq_set_data(
             self.llm.ctx, saved.data, saved.size, 0
         ):
@@ -325,6 +396,10 @@ class LoadedModel:
         return True
 
     def close(self) -> None:
+        # llama.cpp frees the context, then the model and with it every adapter still loaded on it.
+        self.adapters.clear()
+        self.parked.clear()
+        self.adapter = None
         self.llm.close()
         del self.llm
         gc.collect()
@@ -347,14 +422,25 @@ _BUFFER_LINE = re.compile(rb"(\S+) model buffer size =\s*([0-9.]+) MiB")
 def _weight_buffers(found: dict[str, float]) -> Iterator[None]:
     """Collect llama.cpp's "<buffer type> model buffer size = N MiB" load lines into `found`: the buffer types the
     weights really went to, as llama.cpp reports them (AMX or CPU_REPACK only with extra buffers on)."""
-    from llama_cpp import _logger
 
-    @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
-    def record(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    def record(text: bytes) -> None:
         m = _BUFFER_LINE.search(text)
         if m:
             name = m[1].decode(errors="replace")
             found[name] = round(found.get(name, 0.0) + float(m[2]), 2)
+
+    with _llama_log(record):
+        yield
+
+
+@contextlib.contextmanager
+def _llama_log(on_text: Callable[[bytes], None]) -> Iterator[None]:
+    """llama.cpp's log lines go to `on_text` too while this lasts (its log callback is process-wide)."""
+    from llama_cpp import _logger
+
+    @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
+    def record(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        on_text(text)
         _logger.llama_log_callback(level, text, user_data)  # llama-cpp-python's own handling, unchanged
 
     with _LOG_LOCK:

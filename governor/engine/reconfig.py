@@ -83,6 +83,8 @@ class Reconfig:
             t0 = time.perf_counter()
             cj.tokens_waited = self.counters.tokens_generated_total - cj.tokens_at
             target = cj.target
+            if target.lora_pool_mib != self.settings.lora_pool_mib:  # live: evict down to the new budget now
+                self.slot.pool.resize(self.slot.current, target.lora_pool_mib, answering=run is not None)
             if not self.slot.loaded:  # the next load uses them
                 self.settings = target
                 cj.done(target, "unloaded", time.perf_counter() - t0)
@@ -160,6 +162,7 @@ class Reconfig:
             threads=half,
             extra_buffers=self.extra_buffers.enabled,
             job=cj,
+            adapter=None if self.model.adapter is None else self.slot.pool.specs[self.model.adapter],
         )
         self.model.set_threads(self.model.threads - half)
         return True
@@ -202,7 +205,7 @@ class Reconfig:
         m, req = self.model, run.job.request
         limit = req.token_limit()
         room = answer_room(m.n_ctx, None if limit is None else limit - run.n_completion)
-        if run.model_name != m.spec.name or len(run.ctx_tokens) + room > m.n_ctx:
+        if run.model_name != m.label or len(run.ctx_tokens) + room > m.n_ctx:
             trimmed = run.trimmed
             if not refit(m, run, room):
                 run.finish = "length"  # not even the last message and the answer so far fit: end the answer there
@@ -210,9 +213,9 @@ class Reconfig:
             if run.trimmed > trimmed:
                 self.log_trim(run, "reconfig", run.trimmed - trimmed)
                 run.job.sink(Trimmed(run.trimmed))
-        if run.model_name != m.spec.name:
-            run.model_name = m.spec.name
-            run.job.sink(ModelChanged(m.spec.name))
+        if run.model_name != m.label:  # another tier, or the answer's adapter did not fit the new one
+            run.model_name = m.label
+            run.job.sink(ModelChanged(m.label))
         # The decode loop evaluates what the cache lacks (all of it, or after a cache copy only the last token), as
         # an interruptible prefill: a newer change, a cancel or a shutdown stops it between batches.
         run.gen = None

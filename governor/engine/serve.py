@@ -29,6 +29,7 @@ from starlette.applications import Starlette
 from govbase.errors import GovernorError
 from governor import logs, unixsock
 from governor.engine import fault
+from governor.engine.adapters import AdapterSpec, inspect_all
 from governor.engine.config import (
     ConfigRefused,
     ModelSpec,
@@ -183,6 +184,15 @@ def initial(args: argparse.Namespace) -> tuple[dict[str, ModelSpec], EngineConfi
     return models, settings
 
 
+def adapters(args: argparse.Namespace) -> dict[str, AdapterSpec]:
+    """The ladder's LoRA adapters, their files checked (a bad one is logged and refused to requests, not fatal)."""
+    if args.models is None:
+        return {}
+    from policies.ladder import load_ladder
+
+    return inspect_all(load_ladder(args.models).adapters)
+
+
 def extra_buffers_mode(args: argparse.Namespace) -> ExtraBuffersMode:
     """The flag, else the ladder's `extra_buffers`, else auto (decided against the CPU once llama.cpp is loaded)."""
     if args.extra_buffers is not None:
@@ -275,7 +285,12 @@ def run(args: argparse.Namespace) -> int:
     log.info("engine.extra_buffers", **buffers.as_dict())
     try:
         worker = Worker(
-            models, settings, buffers, keep_alive_s=args.keep_alive or None, context_shift=args.context_shift
+            models,
+            settings,
+            buffers,
+            keep_alive_s=args.keep_alive or None,
+            context_shift=args.context_shift,
+            adapters=adapters(args),
         )
     except ModelLoadError as exc:
         raise EngineError(str(exc)) from exc

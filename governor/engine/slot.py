@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from governor.engine.adapters import AdapterPool
 from governor.engine.config import ModelSpec
 from governor.engine.model import LoadedModel
 from policies.decision import EngineConfig
@@ -42,8 +43,12 @@ class LoadProgress:
 
 
 class Slot:
-    def __init__(self, keep_alive_s: float | None, *, extra_buffers: bool = True) -> None:
+    def __init__(
+        self, keep_alive_s: float | None, *, extra_buffers: bool = True, pool: AdapterPool | None = None
+    ) -> None:
         self.keep_alive_s = keep_alive_s  # None: never unload
+        # The LoRA adapters loaded on the model: a reload carries them to the new model (those that fit).
+        self.pool = pool if pool is not None else AdapterPool({}, 0)
         self.extra_buffers = extra_buffers  # llama_model_params.use_extra_bufts (governor.engine.extra_buffers)
         self.weight_buffers_mib: dict[str, float] = {}  # the last load's, as llama.cpp reported them
         self.current: LoadedModel | None = None
@@ -77,6 +82,7 @@ class Slot:
         self.loads_total += 1
         self.last_load_s = time.monotonic() - progress.started
         self.touch()
+        self.pool.opened(model)
         log.info("engine.model_loaded", model=spec.name, why=why, seconds=round(self.last_load_s, 3))
         return model
 
@@ -87,11 +93,13 @@ class Slot:
         self.weight_buffers_mib = model.weight_buffers_mib
         self.loads_total += 1
         self.touch()
+        self.pool.opened(model)
 
     def unload(self, *, why: str) -> None:
         if self.current is None:
             return
         name = self.current.spec.name
+        self.pool.closing(self.current, carry=why == "config")  # a reload keeps the adapters; an idle unload not
         self.current.close()
         self.current = None
         self.unloads_total += 1

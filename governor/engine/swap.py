@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import psutil
 
+from governor.engine.adapters import AdapterSpec
 from governor.engine.config import ModelSpec
 from governor.engine.jobs import ConfigJob
 from governor.engine.model import LoadedModel
@@ -64,6 +65,7 @@ class WarmSwap:
         threads: int,
         extra_buffers: bool,
         job: ConfigJob,
+        adapter: AdapterSpec | None = None,
     ) -> None:
         self.target = target
         self.job = job
@@ -74,13 +76,23 @@ class WarmSwap:
         self._done = threading.Event()
         build = target.model_copy(update={"threads": threads})
         self._thread = threading.Thread(
-            target=self._build, args=(spec, build, tokens, extra_buffers), name="engine-swap", daemon=True
+            target=self._build, args=(spec, build, tokens, extra_buffers, adapter), name="engine-swap", daemon=True
         )
         self._thread.start()
 
-    def _build(self, spec: ModelSpec, build: EngineConfig, tokens: Sequence[int], extra_buffers: bool) -> None:
+    def _build(
+        self,
+        spec: ModelSpec,
+        build: EngineConfig,
+        tokens: Sequence[int],
+        extra_buffers: bool,
+        adapter: AdapterSpec | None,
+    ) -> None:
         try:
             self.model = LoadedModel(spec, build, extra_buffers=extra_buffers)
+            if adapter is not None:  # the answer's adapter computes the new cache too (this model is ours alone)
+                self.model.load_adapter(adapter)
+                self.model.set_adapter(adapter.name, adapter.scale)
             llm = self.model.llm
             with self.model.interruptible():
                 done, rounds = 0, 0

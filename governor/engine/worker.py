@@ -13,10 +13,12 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Mapping
 
 import structlog
 
+from governor.engine.adapters import AdapterError, AdapterPool, AdapterSpec, readahead
 from governor.engine.config import ConfigRefused, ModelSpec
 from governor.engine.events import Ended, Failed, Last, Started, Text, stopping
 from governor.engine.extra_buffers import ExtraBuffers
@@ -42,11 +44,14 @@ class Worker:
         *,
         keep_alive_s: float | None = None,
         context_shift: ContextShift = "on",
+        adapters: Mapping[str, AdapterSpec] | None = None,
     ) -> None:
         self.models = models
         self.context_shift = context_shift
         self.extra_buffers = extra_buffers or extra_buffers_for()
-        self.slot = Slot(keep_alive_s, extra_buffers=self.extra_buffers.enabled)
+        self.adapters = dict(adapters or {})  # the ladder's LoRA adapters (governor.engine.adapters; the pool's)
+        pool = AdapterPool(self.adapters, settings.lora_pool_mib)
+        self.slot = Slot(keep_alive_s, extra_buffers=self.extra_buffers.enabled, pool=pool)
         # Loaded here, so that a model that cannot be loaded is an error at start; warmed up on the worker thread
         # (see `_loop`) before the engine serves: a crash there still happens before it answers (a load crash).
         self.slot.load(models[settings.model], settings, why="start", warm=False)
@@ -57,6 +62,7 @@ class Worker:
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self._wake = threading.Event()  # cuts a rate-cap wait (and a pause) short
+        self._prefetch = False  # a queued request needs an adapter the pool may not hold: load it between tokens
         self._stopping = False
         self.reconfig = Reconfig(
             settings,
@@ -110,6 +116,9 @@ class Worker:
             return
         with self._lock:
             self.waiting += 1
+        if job.adapter is not None and job.adapter in self.adapters:
+            readahead(self.adapters[job.adapter].path)  # into the page cache now; loaded between tokens (_decode)
+            self._prefetch = True
         self._jobs.put(job)
 
     def configure(self, cj: ConfigJob) -> None:
@@ -187,6 +196,7 @@ class Worker:
                         self.slot.unload(why="idle")
                     continue
                 if job is not None:
+                    job = self._regroup(job)
                     with self._lock:
                         self.waiting -= 1
                 if self._stopping:
@@ -255,12 +265,17 @@ class Worker:
     def _generate(self, job: Job) -> Last:
         """Runs one answer, sending its events; returns the last one (Ended or Failed) for the caller to send."""
         req, m = job.request, self.model
+        try:  # before the prompt meets the cache: the cache belongs to the adapter that computed it
+            self.slot.pool.use(m, job.adapter)
+        except AdapterError as exc:
+            self.counters.generations_failed += 1
+            return Failed(exc.status, exc.message, exc.code)
         run = prepare(self.model, job, chunked=self.context_shift != "off")
         if not isinstance(run, Run):
             self.counters.generations_failed += 1
             return run
         run.answer_from = run.n_prompt
-        run.model_name = m.spec.name
+        run.model_name = m.label
         if self._context() == "shift":
             run.shifted = m.reuse(run.ctx_tokens)
             if run.shifted:
@@ -270,7 +285,7 @@ class Worker:
             self.reconfig.log_trim(run, "request", run.trimmed)
         self.counters.prompt_tokens_total += run.n_prompt
         run.evaluated_from = m.evaluated
-        job.sink(Started(m.spec.name, run.n_prompt, run.trimmed))
+        job.sink(Started(m.label, run.n_prompt, run.trimmed))
         started = time.monotonic()
         try:
             run.gen = m.generate(run.ctx_tokens, req.sampling(), req.seed, grammar=job.constraint.grammar)
@@ -319,8 +334,8 @@ class Worker:
     def _decode(self, run: Run) -> None:
         job, limit = run.job, run.job.request.token_limit()
         while True:
-            if self.reconfig.due:
-                self.reconfig.apply(run)
+            if self.reconfig.due or self._prefetch:
+                self._between_tokens(run)
             if run.finish is not None:
                 return
             if job.cancelled.is_set() or self._stopping:
@@ -393,6 +408,49 @@ class Worker:
             self._wake.clear()
             if self.reconfig.waiting:
                 self.reconfig.apply(run)
+
+    # --- LoRA adapters: grouping the queue, loading ahead (governor.engine.adapters) ---
+
+    def _regroup(self, job: Job) -> Job:
+        """The next job to serve: `job` (the oldest), unless it needs another adapter than the one in use and a
+        later job needs that one: then the later job goes first (one switch saved), at most GROUP_SKIPS times
+        for any job overtaken."""
+        m = self.slot.current
+        active = None if m is None else m.adapter
+        if job.adapter == active or job.skipped >= GROUP_SKIPS:
+            return job
+        with self._jobs.mutex:
+            queued: deque[Job | None] = self._jobs.queue
+            for i, other in enumerate(queued):
+                if other is not None and other.adapter == active and not other.cancelled.is_set():
+                    del queued[i]
+                    queued.appendleft(job)  # back where it was: first in line
+                    for before in [job, *list(queued)[1 : i + 1]]:
+                        if before is not None:
+                            before.skipped += 1
+                    return other
+        return job
+
+    def _between_tokens(self, run: Run) -> None:
+        if self._prefetch:
+            self._prefetch_queued()
+        if self.reconfig.due:
+            self.reconfig.apply(run)
+
+    def _prefetch_queued(self) -> None:
+        """Between two tokens: load the adapter the next queued request needs, if the pool has room for it
+        without the adapter this answer runs on (its file was read ahead when the request came)."""
+        self._prefetch = False
+        m = self.slot.current
+        if m is None:
+            return
+        with self._jobs.mutex:
+            wanted = next((j.adapter for j in self._jobs.queue if j is not None and j.adapter is not None), None)
+        if wanted is not None and wanted not in m.adapters and self.slot.pool.prefetch(m, wanted):
+            log.info("engine.adapter_prefetched", adapter=wanted)
+
+
+GROUP_SKIPS = 3  # how many times a waiting request may be overtaken by ones whose adapter is already in use
 
 
 def _nothing() -> None:
