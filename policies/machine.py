@@ -97,7 +97,7 @@ class StateMachine:
         self._prefill = False  # the engine is busy with a prompt (no tokens yet): compute-bound
         self._contended = False  # other processes hold cores (the device model learns nothing then)
         self._threads_t = -math.inf  # when threads last changed (recovery steps count from there)
-        self.memory = MemoryPlan(mem, policy.timing)
+        self.memory = MemoryPlan(mem, policy.timing, adapters=bool(ladder is not None and ladder.adapters))
         self._pressure_cap: int | None = None  # n_ctx, without a ladder (with one: MemoryPlan)
         self._shrink_t = -math.inf
         self._lmkd = False
@@ -208,7 +208,9 @@ class StateMachine:
             active, n_ctx=n_ctx, kv=kv, sense=sense, engine=engine, prev=prev, t=t, max_tiers=tiers
         )
         n_batch = fitted.n_batch if fitted is not None and fitted.n_batch else self.policy.memory.n_batch
-        config = self._config(threads, n_ctx, kv=kv, model=model, rate=rate, n_batch=n_batch)
+        config = self._config(
+            threads, n_ctx, kv=kv, model=model, rate=rate, n_batch=n_batch, pool=self._pool_mib(fitted)
+        )
         urgent = self._urgency(
             prev, config, snapshot=snapshot, sense=sense, previous_state=previous_state, contention=contention,
             capped=bool(caps or rate_caps), sized=bool(sizing), fitted=fitted,
@@ -238,19 +240,34 @@ class StateMachine:
         return decision
 
     def _config(
-        self, threads: int, n_ctx: int, *, kv: KvType, model: str, rate: float | None, n_batch: int
+        self, threads: int, n_ctx: int, *, kv: KvType, model: str, rate: float | None, n_batch: int, pool: float = 0.0
     ) -> EngineConfig:
         """The engine config of these values: one frozen object per distinct set (it changes a few times an hour,
         and building one is a tenth of a tick). Values come from validated profiles and holds: no re-validation."""
-        key = (threads, n_ctx, kv, model, rate, type(rate), n_batch)  # the type: 5 == 5.0, but "5" != "5.0" in JSON
+        key = (threads, n_ctx, kv, model, rate, type(rate), n_batch, pool)  # the type: 5 == 5.0, but "5" != "5.0"
         config = self._configs.get(key)
         if config is None:
             if len(self._configs) >= CONFIGS_KEPT:
                 self._configs.clear()
             config = self._configs[key] = EngineConfig.model_construct(
-                threads=threads, n_ctx=n_ctx, kv_type=kv, model=model, max_tokens_per_s=rate, n_batch=n_batch
+                threads=threads,
+                n_ctx=n_ctx,
+                kv_type=kv,
+                model=model,
+                max_tokens_per_s=rate,
+                n_batch=n_batch,
+                lora_pool_mib=pool,
             )
         return config
+
+    def _pool_mib(self, fitted: Fit | None) -> float:
+        """The LoRA adapter pool: none without adapters in the ladder; the fit's (memory shrinks it first), else
+        the policy's."""
+        if self.ladder is None or not self.ladder.adapters:
+            return 0.0
+        if fitted is None:
+            return self.policy.memory.lora_pool_mib
+        return fitted.pool_bytes / MIB
 
     def _sense(
         self, snapshot: Snapshot, engine: EngineObservation | None, t: float, control_margin_c: float | None = None

@@ -1,11 +1,13 @@
 """Memory fit: how much a model tier needs at a context length and KV type, and the largest setting that fits.
 
 Footprints are read once from GGUF headers at start (I/O); `fit()` is pure arithmetic the state machine calls.
-Estimate = weights (the file size) + KV cache + compute buffer (Ollama's estimate for llama-like graphs) + overhead.
+Estimate = weights (the file size) + KV cache + compute buffer (Ollama's estimate for llama-like graphs) + overhead,
+plus the LoRA adapter pool when the ladder has adapters: the first thing to give way when memory is short.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,6 +138,7 @@ class Fit:
     budget_bytes: float | None = None  # what it had to fit in (None: memory unknown)
     n_batch: int | None = None  # lowered below the policy's memory.n_batch to fit (None: not lowered)
     held: str | None = None  # the engine in force is about to be killed for what it holds now: why it stops
+    pool_bytes: float = 0.0  # the LoRA adapter pool it leaves the engine (counted in `bytes`)
 
     @property
     def wait(self) -> str | None:
@@ -173,11 +176,23 @@ def largest_ctx(
 
 
 def fit(
-    candidates: Sequence[Candidate], *, max_ctx: int, kv_type: KvType, budget_bytes: float | None, memory: Memory
+    candidates: Sequence[Candidate],
+    *,
+    max_ctx: int,
+    kv_type: KvType,
+    budget_bytes: float | None,
+    memory: Memory,
+    adapters: bool = False,
 ) -> Fit:
     """The first tier (largest first) with some context >= min_ctx that fits; within a tier, the KV type giving the
-    largest context (ties: the more precise). With no budget (memory unknown) the profile's limits stand."""
+    largest context (ties: the more precise). With no budget (memory unknown) the profile's limits stand.
+
+    With `adapters` (the ladder has LoRA adapters) the engine's adapter pool counts too, `memory.lora_pool_mib`
+    when there is room; short of room it shrinks first (to `min_lora_pool_mib`), before KV type, context or tier:
+    a smaller pool costs an adapter reload now and then, a smaller context or tier every answer."""
     assert candidates, "fit() needs at least one tier"
+    pool_max = memory.lora_pool_mib * MIB if adapters else 0.0
+    pool_min = min(pool_max, memory.min_lora_pool_mib * MIB)
     last: Fit | None = None
     for i, cand in enumerate(candidates):
         fp, hi = cand.footprint, min(max_ctx, cand.max_ctx)
@@ -189,28 +204,33 @@ def fit(
                 f"{kv_type} KV needs flash attention and head_dim % {QUANT_KV_HEAD_MULTIPLE} == 0 "
                 f"({cand.name}: head_dim {fp.head_dim_k}/{fp.head_dim_v}, flash_attn {cand.flash_attn}), using f16"
             )
+        top = fp.total_bytes(hi, options[0], memory)
         if budget_bytes is None:
-            return Fit(cand.name, hi, options[0], fp.total_bytes(hi, options[0], memory), "profile", note)
+            return Fit(cand.name, hi, options[0], top + pool_max, "profile", note, pool_bytes=pool_max)
+        if top + pool_min <= budget_bytes:  # the profile's setting fits, the pool giving way if it must
+            pool = max(pool_min, min(pool_max, math.floor((budget_bytes - top) / MIB) * MIB))
+            bound = "profile" if i == 0 and pool == pool_max else "memory"
+            return Fit(cand.name, hi, options[0], top + pool, bound, note, budget_bytes, pool_bytes=pool)
+        budget = budget_bytes - pool_min  # the pool at its smallest; now the KV type, context, n_batch, tier
         best: tuple[int, KvType] | None = None
         for kv in options:
-            ctx = largest_ctx(fp, kv, lo=lo, hi=hi, budget=budget_bytes, memory=memory)
+            ctx = largest_ctx(fp, kv, lo=lo, hi=hi, budget=budget, memory=memory)
             if ctx is not None and (best is None or ctx > best[0]):
                 best = (ctx, kv)
         if best is not None:
             ctx, kv = best
-            bound = "profile" if i == 0 and ctx == hi and kv == options[0] else "memory"
-            return Fit(cand.name, ctx, kv, fp.total_bytes(ctx, kv, memory), bound, note, budget_bytes)
+            size = fp.total_bytes(ctx, kv, memory) + pool_min
+            return Fit(cand.name, ctx, kv, size, "memory", note, budget_bytes, pool_bytes=pool_min)
         # The tier's smallest context and KV type do not fit: a smaller n_batch shrinks the compute buffer (a peak
         # allocation, linear in n_batch) at some prompt speed, before a smaller tier costs answer quality.
         kv, n_batch = options[-1], memory.n_batch // 2
         while n_batch >= memory.min_n_batch:
-            ctx = largest_ctx(fp, kv, lo=lo, hi=hi, budget=budget_bytes, memory=memory, n_batch=n_batch)
+            ctx = largest_ctx(fp, kv, lo=lo, hi=hi, budget=budget, memory=memory, n_batch=n_batch)
             if ctx is not None:
-                size = fp.total_bytes(ctx, kv, memory, n_batch)
-                return Fit(cand.name, ctx, kv, size, "memory", note, budget_bytes, n_batch)
+                size = fp.total_bytes(ctx, kv, memory, n_batch) + pool_min
+                return Fit(cand.name, ctx, kv, size, "memory", note, budget_bytes, n_batch, pool_min)
             n_batch //= 2
-        last = Fit(
-            cand.name, lo, options[-1], fp.total_bytes(lo, options[-1], memory), "nothing fits", note, budget_bytes
-        )
+        size = fp.total_bytes(lo, options[-1], memory) + pool_min
+        last = Fit(cand.name, lo, options[-1], size, "nothing fits", note, budget_bytes, pool_bytes=pool_min)
     assert last is not None
     return last

@@ -37,8 +37,9 @@ BAND_FRACTION = 0.25  # growth back past a ceiling pressure set needs the budget
 
 
 class MemoryPlan:
-    def __init__(self, memory: Memory, timing: Timing) -> None:
+    def __init__(self, memory: Memory, timing: Timing, *, adapters: bool = False) -> None:
         self.cfg = memory
+        self.adapters = adapters  # the ladder has LoRA adapters: every fit counts their pool (memfit.fit)
         self.timing = timing
         self._budget: float | None = None  # after input hysteresis
         self._budget_raw = 0.0  # ... before PSI's shrink
@@ -96,7 +97,12 @@ class MemoryPlan:
             if len(self._cache) > 4096:
                 self._cache.clear()
             result = self._cache[key] = fit(
-                candidates, max_ctx=ctx, kv_type=kv, budget_bytes=None if budget is None else key[3] * MIB, memory=mem
+                candidates,
+                max_ctx=ctx,
+                kv_type=kv,
+                budget_bytes=None if budget is None else key[3] * MIB,
+                memory=mem,
+                adapters=self.adapters,
             )
         if budget is not None and result.wait is None:
             result = self._banded(result, candidates, ctx, kv, budget)
@@ -105,7 +111,14 @@ class MemoryPlan:
                 # Leaving a setting that no longer fits (the exit band): to one with SHRINK_BAND of the budget to
                 # spare, so that memory still falling (other programs allocate over seconds) takes one step, not one
                 # reload per tick.
-                spare = fit(candidates, max_ctx=ctx, kv_type=kv, budget_bytes=budget * (1 - SHRINK_BAND), memory=mem)
+                spare = fit(
+                    candidates,
+                    max_ctx=ctx,
+                    kv_type=kv,
+                    budget_bytes=budget * (1 - SHRINK_BAND),
+                    memory=mem,
+                    adapters=self.adapters,
+                )
                 if spare.wait is None:
                     result = spare
         if result.wait is not None and budget is not None and budget < self._budget_raw:
@@ -143,7 +156,9 @@ class MemoryPlan:
         their smallest setting that fits the budget without it; else None."""
         if not candidates or self.budget is None:
             return None
-        found = fit(candidates, max_ctx=n_ctx, kv_type=kv, budget_bytes=self.budget, memory=self.cfg)
+        found = fit(
+            candidates, max_ctx=n_ctx, kv_type=kv, budget_bytes=self.budget, memory=self.cfg, adapters=self.adapters
+        )
         if found.wait is not None and self.budget_raw is not None and self.budget_raw > self.budget:
             found = self._smallest(candidates, self.budget_raw)
         if found.wait is not None:
@@ -157,16 +172,17 @@ class MemoryPlan:
         mem, last = self.cfg, candidates[-1]
         kv: KvType = KV_ORDER[-1] if last.flash_attn and last.footprint.quantized_kv_ok else "f16"
         ctx = min(mem.min_ctx, last.max_ctx)
-        size = last.footprint.total_bytes(ctx, kv, mem, mem.min_n_batch)
+        pool = mem.min_lora_pool_mib * MIB if self.adapters else 0.0  # the pool at its floor
+        size = last.footprint.total_bytes(ctx, kv, mem, mem.min_n_batch) + pool
         bound = "memory" if size <= budget else "nothing fits"
-        return Fit(last.name, ctx, kv, size, bound, "", budget, mem.min_n_batch)
+        return Fit(last.name, ctx, kv, size, bound, "", budget, mem.min_n_batch, pool_bytes=pool)
 
     def _runs_anyway(self, nothing: Fit, candidates: Sequence[Candidate], *, lmkd: bool) -> Fit:
         """Nothing fits the budget: the smallest setting runs if the killer would leave it alone; else the engine
         waits, as before."""
         smallest = self._smallest(candidates, nothing.budget_bytes or 0.0)
         below = Fit(smallest.model, smallest.n_ctx, smallest.kv_type, smallest.bytes, "below its footprint",
-                    nothing.note, nothing.budget_bytes, smallest.n_batch)  # fmt: skip
+                    nothing.note, nothing.budget_bytes, smallest.n_batch, pool_bytes=smallest.pool_bytes)  # fmt: skip
         return nothing if self.kill_predicted(below, candidates, lmkd=lmkd) else below
 
     def _banded(self, result: Fit, candidates: Sequence[Candidate], ctx: int, kv: KvType, budget: float) -> Fit:
@@ -179,7 +195,9 @@ class MemoryPlan:
             if budget >= then + max(mem.grow_margin_mb * MIB, BAND_FRACTION * size):
                 self._ceiling = None  # memory really grew: the size may be tried again
             elif result.bytes >= size:
-                capped = fit(candidates, max_ctx=ctx, kv_type=kv, budget_bytes=size - MIB, memory=mem)
+                capped = fit(
+                    candidates, max_ctx=ctx, kv_type=kv, budget_bytes=size - MIB, memory=mem, adapters=self.adapters
+                )
                 result = capped if capped.wait is None else self._smallest(candidates, budget)
         if last is None or last.wait is not None or result.bytes <= last.bytes or last.bytes > budget:
             return result
@@ -192,7 +210,9 @@ class MemoryPlan:
             return result
         # at least as much to spare as a shrink leaves (the exit band's target), or a shrink grows back at once
         margin = max(mem.grow_margin_mb * MIB, SHRINK_BAND * budget)
-        spare = fit(candidates, max_ctx=ctx, kv_type=kv, budget_bytes=budget - margin, memory=mem)
+        spare = fit(
+            candidates, max_ctx=ctx, kv_type=kv, budget_bytes=budget - margin, memory=mem, adapters=self.adapters
+        )
         return spare if spare.wait is None and spare.bytes > last.bytes else last
 
     def _in_use(self, engine: EngineObservation | None) -> float:

@@ -9,7 +9,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_serializer, field_validator, model_validator
 
-from policies.decision import THREADS_MAX, Ctx, KvType, ModelName, NBatch, State, Threads, TokensPerS
+from policies.decision import THREADS_MAX, Ctx, KvType, ModelName, NBatch, PoolMiB, State, Threads, TokensPerS
 
 KV_ORDER: tuple[KvType, ...] = ("f16", "q8_0", "q4_0")  # most precise first; later = smaller KV cache
 MODEL_LARGEST = "largest"  # model selectors resolved against the ladder
@@ -221,11 +221,17 @@ class Memory(StrictModel):
     # what the killer counts of it leaves this much of the memory the engine could hold: the engine stops only when
     # a kill is predicted (policies/memplan.py).
     kill_margin_mb: MegaBytes = 100.0
+    # The engine's LoRA adapter pool (when the ladder names adapters): this much when memory allows; memory shrinks
+    # it first, down to min_lora_pool_mib (0: no adapter can run then; your largest adapter keeps one servable).
+    lora_pool_mib: PoolMiB = 64.0
+    min_lora_pool_mib: PoolMiB = 0.0
 
     @model_validator(mode="after")
     def _psi(self) -> Memory:
         if self.psi_exit >= self.psi_enter:
             raise ValueError("psi_exit must be below psi_enter (hysteresis)")
+        if self.min_lora_pool_mib > self.lora_pool_mib:
+            raise ValueError("min_lora_pool_mib must not exceed lora_pool_mib")
         return self
 
 

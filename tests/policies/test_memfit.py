@@ -10,7 +10,7 @@ import pytest
 
 from policies import ModelFootprint, StateMachine
 from policies.decision import KV_BYTES_PER_ELEMENT, State
-from policies.ladder import ModelLadder, ModelTier
+from policies.ladder import LoraAdapter, ModelLadder, ModelTier
 from policies.memfit import MIB, Candidate, MemFitError, fit
 from policies.schema import Memory
 from sensors.snapshot import EngineObservation
@@ -146,6 +146,27 @@ def test_quantised_kv_falls_back_to_f16_when_the_engine_cannot() -> None:
     assert "flash_attn False" in no_fa.note
 
 
+def test_the_lora_pool_counts_and_gives_way_before_kv_type_context_or_tier() -> None:
+    pooled = Memory(overhead_mb=0.0, min_ctx=512, ctx_multiple=256, lora_pool_mib=64.0, min_lora_pool_mib=8.0)
+    top = FP.total_bytes(4096, "f16", pooled)
+
+    roomy = fit(candidates(), max_ctx=4096, kv_type="f16", budget_bytes=top + 100 * MIB, memory=pooled, adapters=True)
+    assert (roomy.n_ctx, roomy.kv_type, roomy.pool_bytes, roomy.bound) == (4096, "f16", 64 * MIB, "profile")
+    assert roomy.bytes == top + 64 * MIB  # the pool is engine memory
+
+    short = fit(candidates(), max_ctx=4096, kv_type="f16", budget_bytes=top + 20.5 * MIB, memory=pooled, adapters=True)
+    assert (short.model, short.n_ctx, short.kv_type) == ("big", 4096, "f16")  # nothing else gave way ...
+    assert (short.pool_bytes, short.bound) == (20 * MIB, "memory")  # ... the pool did (in whole MiB)
+
+    tighter = fit(candidates(), max_ctx=4096, kv_type="f16", budget_bytes=top, memory=pooled, adapters=True)
+    assert tighter.pool_bytes == 8 * MIB  # at its floor: now the KV type goes
+    assert (tighter.n_ctx, tighter.kv_type) == (4096, "q8_0")
+    assert tighter.bytes <= top
+
+    without = fit(candidates(), max_ctx=4096, kv_type="f16", budget_bytes=top, memory=pooled)
+    assert (without.pool_bytes, without.kv_type, without.bound) == (0.0, "f16", "profile")  # no adapters: no pool
+
+
 def ladder_governor(tmp_path: Path) -> StateMachine:
     big = write_gguf(tmp_path / "big.gguf", layers=8, embd=512, heads=8, kv_heads=8, padding_bytes=60 * MIB)
     small = write_gguf(tmp_path / "small.gguf", layers=4, embd=256, heads=8, kv_heads=4, padding_bytes=10 * MIB)
@@ -220,3 +241,19 @@ def test_when_nothing_fits_the_decision_says_wait_and_memory_coming_back_ends_it
     back = run(gov, [snap(50.0, available_mb=4000)] * 12, t0=3.0, engine=None)
     assert back[-1].engine_wait is None
     assert back[-1].engine.model == "big"
+
+
+def test_the_governor_sizes_the_lora_pool_only_for_a_ladder_with_adapters(tmp_path: Path) -> None:
+    gov = ladder_governor(tmp_path)
+    assert gov.decide(snap(50.0, available_mb=4000), IDLE, 0.0).engine.lora_pool_mib == 0.0  # no adapters
+    assert gov.ladder is not None
+    ladder = gov.ladder.model_copy(
+        update={"adapter": (LoraAdapter(name="french", path=tmp_path / "f.gguf", base="big"),)}
+    )
+    memory = {"reserve_mb": 100.0, "overhead_mb": 20.0, "lora_pool_mib": 32.0}
+    pooled = StateMachine(make_policy(memory=memory), ladder=ladder, footprints=gov.footprints)
+    roomy = pooled.decide(snap(50.0, available_mb=4000), IDLE, 0.0)
+    assert (roomy.engine.lora_pool_mib, roomy.engine.n_ctx) == (32.0, 4096)
+    tight = pooled.decide(snap(50.0, available_mb=210), IDLE, 1.0)
+    assert tight.engine.lora_pool_mib == 0.0  # shrunk to its floor first ...
+    assert "LoRA pool 32→0 MiB" in tight.reason  # ... and the reason says so
