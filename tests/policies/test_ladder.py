@@ -36,3 +36,30 @@ def test_duplicate_names_and_bad_toml_are_one_line(tmp_path: Path) -> None:
         load_ladder(f)
     with pytest.raises(LadderError, match="cannot read"):
         load_ladder(tmp_path / "missing.toml")
+
+
+TIER = '[[tier]]\nname = "medium"\npath = "m.gguf"\n'
+
+
+def test_adapters_are_validated_like_tiers(tmp_path: Path) -> None:
+    f = tmp_path / "ladder.toml"
+    f.write_text(TIER + '\n[[adapter]]\nname = "french"\npath = "fr.gguf"\nbase = "medium"\nscale = 0.5\n')
+    ladder = load_ladder(f)
+    (french,) = ladder.adapters
+    assert (french.name, french.base, french.scale, french.path) == ("french", "medium", 0.5, tmp_path / "fr.gguf")
+    for body, message in [
+        ('name = "fr"\npath = "a.gguf"\nbase = "large"', "base 'large' is not a tier of this ladder"),
+        ('name = "medium"\npath = "a.gguf"\nbase = "medium"', "adapter 'medium' has a tier's name"),
+        ('name = "m:fr"\npath = "a.gguf"\nbase = "medium"', r"adapter.0.name: String should match pattern"),
+        ('name = "fr"\npath = "a.gguf"\nbase = "medium"\nscale = 0', r"adapter.0.scale: .*greater than 0"),
+        ('name = "fr"\npath = "a.gguf"\nbase = "medium"\nscale = nan', r"adapter.0.scale"),
+        ('name = "fr"\npath = "a.gguf"\nbase = "medium"\nscale = 9.0', r"adapter.0.scale: .*less than or equal to 4"),
+        ('name = "fr"\npath = "a.gguf"\nbase = "medium"\nrank = 8', r"ladder.toml:\d+: adapter.0.rank: Extra inputs"),
+    ]:
+        f.write_text(TIER + "\n[[adapter]]\n" + body + "\n")
+        with pytest.raises(LadderError, match=message):
+            load_ladder(f)
+    twice = '\n[[adapter]]\nname = "fr"\npath = "a.gguf"\nbase = "medium"\n'
+    f.write_text(TIER + twice + twice)
+    with pytest.raises(LadderError, match="adapter names must be unique"):
+        load_ladder(f)
