@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-MB = 1e6
+from governor.lab.device import MB
 
 
 @dataclass

@@ -11,7 +11,7 @@ from governor.lab.device import DeviceSpec
 from governor.loop import Decider
 from policies import ModelFootprint, Policy, StateMachine
 from policies.decision import Decision, EngineConfig, Hold, State
-from policies.ladder import ModelLadder, ModelTier
+from policies.ladder import LoraAdapter, ModelLadder, ModelTier
 from sensors.snapshot import EngineObservation, Snapshot
 
 NONE = "none"
@@ -59,7 +59,9 @@ def ladder_of(device: DeviceSpec) -> ModelLadder:
         ModelTier(name=m.name, path=Path(f"{m.name}.gguf"), n_ctx=m.n_ctx, kv_type=m.kv_type)
         for m in device.engine.model
     )
-    return ModelLadder(tier=tiers)
+    base = device.engine.model[0].name
+    adapters = tuple(LoraAdapter(name=a.name, path=Path(f"{a.name}.gguf"), base=base) for a in device.engine.adapter)
+    return ModelLadder(tier=tiers, adapter=adapters)
 
 
 def footprints_of(device: DeviceSpec) -> dict[str, ModelFootprint]:

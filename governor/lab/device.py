@@ -109,6 +109,13 @@ class SimModelSpec(Spec):
         return self.footprint().kv_bytes(1, kv_type)
 
 
+class SimAdapterSpec(Spec):
+    """A LoRA adapter file on the device (issue 32): what loading it reads and what it holds in the pool."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    size_mb: float = Field(gt=0, le=2048)
+
+
 class EngineSpec(Spec):
     # What serves the tokens (docs/engines.md): the built-in engine changes threads live and every other setting in
     # place; llama-server only by a restart (the slot saved and restored where llama.cpp can, else re-evaluated).
@@ -132,6 +139,10 @@ class EngineSpec(Spec):
     # buffers, or where a userspace killer acts on memory pressure first (Android's lmkd kills on PSI).
     weights_reclaimable: bool = True
     model: tuple[SimModelSpec, ...] = Field(min_length=1)
+    adapter: tuple[SimAdapterSpec, ...] = ()  # LoRA adapters requests may name (governor.lab.adapters)
+    # Changing the context's adapter: llama.cpp re-reserves its compute graph at the next decode, and the engine parks
+    # the outgoing KV cache (bench/bench_adapters.py measures it: docs/benchmarks.md).
+    adapter_switch_s: float = Field(default=0.03, ge=0, le=10)
 
     def tier(self, name: str) -> SimModelSpec:
         for m in self.model:

@@ -18,6 +18,7 @@ from collections import deque
 
 from governor.engine import plan
 from governor.lab import restart, swap
+from governor.lab.adapters import SimPool
 from governor.lab.conversation import Conversation
 from governor.lab.device import MB, CpuSpec, EngineSpec, SimModelSpec
 from governor.lab.stats import EngineStats, batch_efficiency
@@ -61,6 +62,11 @@ class EngineSim:
         self.window_decode_s = 0.0
         self.uncapped_tokens_per_s: float | None = None  # the last decode speed without the rate cap (measured)
         self.prefill_tokens_per_s: float | None = None  # the last prefill speed
+        sizes = {a.name: a.size_mb for a in spec.adapter}
+        self.pool = SimPool(
+            sizes, switch_s=spec.adapter_switch_s, load_mb_s=spec.load_mb_s, cached_mb_s=spec.cached_load_mb_s
+        )
+        self._stall = 0.0  # seconds the answer starting waits for its adapter (a switch, a load)
 
     # --- control (the loop's actuator, governor.lab.world.SimulatedEngine) ---
 
@@ -121,6 +127,7 @@ class EngineSim:
         self._weights = tier.weights_mb * MB
         self._footprint = self.spec.footprint_bytes(tier, config.n_ctx, config.kv_type, config.n_batch)
         self._prefill_eff = batch_efficiency(config.n_batch)
+        self.pool.resize(config.lora_pool_mib * MB)
 
     def set_affinity(self, cpus: tuple[int, ...] | None) -> None:
         """The CPUs the threads may run on (the daemon's affinity actuator); None: any, big cores first (the
@@ -174,6 +181,8 @@ class EngineSim:
             load_s += self.tier.weights_mb / (self.spec.cached_load_mb_s if cached else self.spec.load_mb_s)
             self._cached.add(self.tier.name)
         self.ready_s = t + delay_s + load_s
+        if weights:  # llama.cpp freed the adapters with the old model; the next request loads its own again
+            self.pool.forget()
         half = self.config.n_ctx // 2
         if self.current is not None:
             self.prefill_left = min(self.chat.ctx + self.prefill_left, half)
@@ -257,13 +266,13 @@ class EngineSim:
         self.chat.pending, self.chat.ctx = self.chat.ctx + self.chat.pending, 0.0
 
     def footprint_bytes(self) -> int:
-        return self._footprint
+        return self._footprint + int(self.pool.held_bytes())
 
     def unreclaimable_bytes(self) -> float:
         """What the kernel cannot take back from the loaded process short of killing it (EngineSpec.weights_reclaimable:
         the mapped weights are page cache)."""
         own = self._footprint - self._weights if self.spec.weights_reclaimable else float(self._footprint)
-        return own + (self._swap.extra_bytes if self._swap is not None else 0.0)
+        return own + self.pool.held_bytes() + (self._swap.extra_bytes if self._swap is not None else 0.0)
 
     def _evicted_bytes(self) -> float:
         """Weights the page cache could not keep in the room left: read from storage again at every token."""
@@ -276,7 +285,7 @@ class EngineSim:
         paused (model unloaded)."""
         if self.loaded:
             swap = self._swap.extra_bytes if self._swap is not None else 0.0
-            return int(self._footprint + swap - self._evicted_bytes())
+            return int(self._footprint + self.pool.held_bytes() + swap - self._evicted_bytes())
         return int(self.spec.overhead_mb * MB) if self.paused else 0
 
     def anon_bytes(self) -> int:
@@ -319,6 +328,15 @@ class EngineSim:
     def _start(self, request: Request, now: float) -> None:
         assert self.config is not None
         n_ctx = self.config.n_ctx
+        adapter = self.pool.use(request.adapter)
+        if adapter is None:  # larger than the whole pool: the engine answers 503
+            self.stats.failed += 1
+            self.finished.append(now)
+            return
+        self._stall, lost = adapter
+        if lost and not request.new_conversation:  # the cache was the other adapter's: evaluated again
+            self.chat.pending += self.chat.ctx
+            self.chat.ctx = 0.0
         prefill, shifts = self.chat.begin(request, n_ctx)
         self.stats.shifts += shifts
         if self.chat.ctx + prefill >= n_ctx:
@@ -391,6 +409,10 @@ class EngineSim:
                     on = 0.0
             if on == 0.0:
                 spent = left
+            elif self._stall > 0:  # the answer's adapter: loading it, re-reserving the graph
+                spent = min(left, self._stall)
+                self._stall -= spent
+                busy += spent * on
             elif self.prefill_left > 0:
                 computing = rate = compute * on * tier.prefill_thread_tok_s * self._prefill_eff
                 if reread_s:

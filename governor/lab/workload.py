@@ -35,6 +35,8 @@ class PhaseSpec(Spec):
     answer_tokens: Range = (100.0, 400.0)
     new_conversation: bool = False  # each question starts an empty context (after a system prompt)
     system_tokens: int = Field(default=100, ge=0)
+    # LoRA adapters the questions name, by weight; what is left of 1 asks the base model (issue 32). Empty: none.
+    adapter_mix: dict[str, float] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _ranges(self) -> PhaseSpec:
@@ -42,6 +44,9 @@ class PhaseSpec(Spec):
             lo, hi = getattr(self, field)
             if not 0 <= lo <= hi:
                 raise ValueError(f"{field} must be [low, high] with 0 <= low <= high, got [{lo}, {hi}]")
+        weights = list(self.adapter_mix.values())
+        if any(not 0 <= w <= 1 for w in weights) or sum(weights) > 1 + 1e-9:
+            raise ValueError(f"adapter_mix weights must be in [0, 1] and sum to at most 1, got {self.adapter_mix}")
         return self
 
 
@@ -120,6 +125,7 @@ class Request:
     new_conversation: bool
     system_tokens: int
     first_token_s: float | None = None
+    adapter: str | None = None  # the LoRA adapter it names (None: the base model)
 
 
 class Driver:
@@ -136,13 +142,21 @@ class Driver:
         self._events = sorted(spec.event, key=lambda e: e.at_s)
 
     def _draw(self, phase: PhaseSpec, rng: np.random.Generator, at_s: float) -> Request:
-        return Request(
+        request = Request(
             arrival_s=at_s,
             prompt_tokens=round(rng.uniform(*phase.prompt_tokens)),
             answer_tokens=round(rng.uniform(*phase.answer_tokens)),
             new_conversation=phase.new_conversation,
             system_tokens=phase.system_tokens,
         )
+        if phase.adapter_mix:  # drawn only then: workloads without adapters keep their random streams
+            u, acc = float(rng.uniform()), 0.0
+            for name, weight in phase.adapter_mix.items():
+                acc += weight
+                if u < acc:
+                    request.adapter = name
+                    break
+        return request
 
     def _enter(self, i: int) -> None:
         self._phase = i
