@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from governor.lab.device import MB, SimAdapterSpec, load_device
+from governor.lab.catalog import load_device
+from governor.lab.device import MB, SimAdapterSpec
 from governor.lab.engine import EngineSim
 from governor.lab.workload import Driver, PhaseSpec, Request, WorkloadSpec
 from policies.decision import EngineConfig
