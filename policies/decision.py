@@ -57,6 +57,7 @@ class Knob:
     flag: str | None = None  # the `governor engine` flag; None: --the-field-name; "": none
     unit: str = ""  # after a value: "rate cap 5 tok/s"
     off: str = ""  # what None means: "no rate cap" (and "rate cap lifted" when it becomes None)
+    quiet: object = None  # a value not worth a word in a description (the LoRA pool of a ladder without adapters)
 
     def show(self, value: object) -> str:
         return self.off if value is None else f"{self.label} {readable(value)}{self.unit}"
@@ -109,6 +110,7 @@ class EngineConfig(BaseModel):
             "least recently used ones are freed to stay within it, and memory shrinks it first",
             live=True,
             unit=" MiB",
+            quiet=0.0,
         ),
     ] = 64.0
 
@@ -129,7 +131,7 @@ class EngineConfig(BaseModel):
         for name, knob in KNOBS.items():
             value = getattr(self, name)
             if prev is None:
-                if knob.live or not live_only:
+                if (knob.live or not live_only) and (knob.quiet is None or value != knob.quiet):
                     parts.append(knob.show(value))
             elif getattr(prev, name) != value:
                 parts.append(knob.change(getattr(prev, name), value))
