@@ -242,7 +242,7 @@ class AdapterPool:
             raise AdapterError(f"adapter {name!r} cannot be used: {spec.error}", status=500, code="adapter_invalid")
         if name in m.adapters:
             return
-        self._make_room(m, spec.bytes, keep=name)
+        self._make_room(m, name)
         t0 = time.perf_counter()
         try:
             m.load_adapter(spec)
@@ -254,35 +254,34 @@ class AdapterPool:
         self.counters.load_s_total += seconds
         log.info("engine.adapter_loaded", adapter=name, tier=m.spec.name, bytes=spec.bytes, seconds=round(seconds, 4))
 
-    def _make_room(self, m: LoadedModel, need: int, *, keep: str | None) -> None:
-        """Free parked caches, then the least recently used adapters other than `keep` and the active one, until
-        `need` more bytes fit the budget; AdapterError when they cannot."""
+    def _make_room(self, m: LoadedModel, name: str) -> None:
+        """Room for adapter `name`: parked caches go first, then the least recently used adapters other than the
+        one in use, then (between answers) that one too; AdapterError when it is larger than the whole pool."""
+        need = self.specs[name].bytes
         if need > self.budget_bytes:
-            spec_name = keep or "?"
             raise AdapterError(
-                f"adapter {spec_name!r} needs {need / MIB:.1f} MiB; the LoRA pool holds {self.budget_bytes / MIB:.1f} "
+                f"adapter {name!r} needs {need / MIB:.1f} MiB; the LoRA pool holds {self.budget_bytes / MIB:.1f} "
                 "MiB (lora_pool_mib: the governor shrinks it when memory is short)",
                 status=503,
                 code="adapter_pool_full",
             )
+        if not self._evict(m, need) and m.adapter is not None:
+            self.use(m, None)  # the adapter of the last answer alone fills it
+            self._evict(m, need)
+
+    def _evict(self, m: LoadedModel, need: int) -> bool:
+        """Free parked caches, then least recently used adapters other than the active one, until `need` more bytes
+        fit the budget; whether they do."""
         while self.used_bytes(m) + need > self.budget_bytes and m.parked:
             m.parked.popitem(last=False)
         for victim in list(m.adapters):
             if self.used_bytes(m) + need <= self.budget_bytes:
                 break
-            if victim in (keep, m.adapter):
-                continue
-            m.free_adapter(victim)
-            self.counters.evictions += 1
-            log.info("engine.adapter_evicted", adapter=victim, budget_bytes=self.budget_bytes)
-        if self.used_bytes(m) + need > self.budget_bytes:  # the active adapter alone fills it (between answers)
-            if m.adapter is not None and m.adapter != keep:
-                self.use(m, None)
-                self._make_room(m, need, keep=keep)
-                return
-            raise AdapterError(
-                f"the LoRA pool ({self.budget_bytes / MIB:.1f} MiB) has no room", status=503, code="adapter_pool_full"
-            )
+            if victim != m.adapter:
+                m.free_adapter(victim)
+                self.counters.evictions += 1
+                log.info("engine.adapter_evicted", adapter=victim, budget_bytes=self.budget_bytes)
+        return self.used_bytes(m) + need <= self.budget_bytes
 
     def _park(self, m: LoadedModel, owner: str | None, saved: Any) -> None:
         room = self.budget_bytes - self.used_bytes(m)
@@ -300,16 +299,7 @@ class AdapterPool:
             return
         if not answering and m.adapter is not None and self.used_bytes(m, parked=False) > self.budget_bytes:
             self.use(m, None)
-        while m.parked and self.used_bytes(m) > self.budget_bytes:
-            m.parked.popitem(last=False)
-        for victim in list(m.adapters):
-            if self.used_bytes(m) <= self.budget_bytes:
-                break
-            if victim == m.adapter:
-                continue
-            m.free_adapter(victim)
-            self.counters.evictions += 1
-            log.info("engine.adapter_evicted", adapter=victim, budget_bytes=self.budget_bytes)
+        self._evict(m, 0)
 
     def prefetch(self, m: LoadedModel, name: str) -> bool:
         """Load `name` ahead of the request that will use it (called between two tokens of another answer), when
@@ -317,8 +307,9 @@ class AdapterPool:
         spec = self.specs.get(name)
         if spec is None or spec.error is not None or name in m.adapters:
             return False
+        if spec.bytes > self.budget_bytes or not self._evict(m, spec.bytes):
+            return False
         try:
-            self._make_room(m, spec.bytes, keep=m.adapter)
             m.load_adapter(spec)
         except AdapterError:
             return False
