@@ -158,7 +158,7 @@ def readahead(path: Path) -> None:
 
 @dataclass
 class PoolCounters:
-    hits: int = 0  # a request's adapter was loaded already
+    hits: int = 0  # a request's adapter was in the pool already (the last answer's, or a switch to a loaded one)
     misses: int = 0  # ... it had to be read from its file
     evictions: int = 0  # adapters freed to make room
     switches: int = 0  # the context's adapter changed (the KV cache with it)
@@ -219,8 +219,6 @@ class AdapterPool:
             self._ensure(m, name)
             m.adapters.move_to_end(name)
         if m.adapter == name:
-            if name is not None:
-                self.counters.hits += 1
             return
         outgoing = m.adapter
         # Parked only if it can fit beside the adapters (other parked caches go first): the copy is not free.
@@ -241,6 +239,7 @@ class AdapterPool:
         if spec.error is not None:
             raise AdapterError(f"adapter {name!r} cannot be used: {spec.error}", status=500, code="adapter_invalid")
         if name in m.adapters:
+            self.counters.hits += 1
             return
         self._make_room(m, name)
         t0 = time.perf_counter()
