@@ -47,6 +47,7 @@ class FakeEngine:
             "threads": 2,
             "max_tokens_per_s": None,
             "n_batch": 512,
+            "lora_pool_mib": 64.0,
         }
         self.posted: list[dict[str, Any]] = []
         self.status_code = 200
