@@ -26,6 +26,7 @@ BASELINE: dict[str, Any] = {
     "threads": 1,
     "max_tokens_per_s": None,
     "n_batch": 512,
+    "lora_pool_mib": 64.0,
 }
 
 
