@@ -457,8 +457,9 @@ class StateMachine:
         fp = self.footprints.get(config.model)
         if fp is None:
             return False
-        size = fp.total_bytes(config.n_ctx, config.kv_type, self.policy.memory, config.n_batch)
-        fit = Fit(config.model, config.n_ctx, config.kv_type, size, "applied", n_batch=config.n_batch)
+        pool = config.lora_pool_mib * MIB  # the LoRA pool it holds (0 without adapters)
+        size = fp.total_bytes(config.n_ctx, config.kv_type, self.policy.memory, config.n_batch) + pool
+        fit = Fit(config.model, config.n_ctx, config.kv_type, size, "applied", n_batch=config.n_batch, pool_bytes=pool)
         return self.memory.kill_predicted(fit, [Candidate(config.model, fp, config.n_ctx, True)], lmkd=self._lmkd)
 
     def _price(self, prev: EngineConfig, want: EngineConfig, engine: EngineObservation | None) -> Price:

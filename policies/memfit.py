@@ -228,7 +228,7 @@ def fit(
             ctx = largest_ctx(fp, kv, lo=lo, hi=hi, budget=budget, memory=memory, n_batch=n_batch)
             if ctx is not None:
                 size = fp.total_bytes(ctx, kv, memory, n_batch) + pool_min
-                return Fit(cand.name, ctx, kv, size, "memory", note, budget_bytes, n_batch, pool_min)
+                return Fit(cand.name, ctx, kv, size, "memory", note, budget_bytes, n_batch, pool_bytes=pool_min)
             n_batch //= 2
         size = fp.total_bytes(lo, options[-1], memory) + pool_min
         last = Fit(cand.name, lo, options[-1], size, "nothing fits", note, budget_bytes, pool_bytes=pool_min)

@@ -133,6 +133,9 @@ def split_model(
         return model, None
     tier, sep, name = model.rpartition(":")
     if not sep:
+        if model not in adapters:  # neither a tier nor an adapter
+            known = list(tiers) + [f"{a} (adapter)" for a in adapters]
+            raise KeyError(f"unknown model {model!r}; this engine serves {known}")
         tier, name = "", model
     if tier and tier not in tiers:
         raise KeyError(f"unknown model tier {tier!r}; this engine serves {list(tiers)}")

@@ -207,7 +207,14 @@ def test_a_setting_the_driver_changes_only_by_a_restart_restarts_the_engine_with
         assert h.prepared == [two]  # the driver kept what it could first (llama-server: its slot)
         assert (h.supervisor.status.failures, h.supervisor.status.last_exit) == (0, None)  # not a death
         eventually(lambda: h.configured == [LARGE, capped, two])
-        assert h.desired.status()["driver"]["restart"] == ["threads", "n_ctx", "kv_type", "model", "n_batch"]
+        assert h.desired.status()["driver"]["restart"] == [
+            "threads",
+            "n_ctx",
+            "kv_type",
+            "model",
+            "n_batch",
+            "lora_pool_mib",
+        ]
     finally:
         h.supervisor.stop(5.0)
 

@@ -106,7 +106,11 @@ def test_a_requests_model_names_a_tier_an_adapter_or_both(model: str | None, exp
 
 @pytest.mark.parametrize(
     ("model", "why"),
-    [("tiny:french", "unknown model tier 'tiny'"), ("medium:german", "unknown adapter 'german'"), ("x", "adapter 'x'")],
+    [
+        ("tiny:french", "unknown model tier 'tiny'"),
+        ("medium:german", "unknown adapter 'german'"),
+        ("x", "unknown model 'x'"),
+    ],
 )
 def test_an_unknown_tier_or_adapter_is_named(model: str, why: str) -> None:
     with pytest.raises(KeyError, match=why):
