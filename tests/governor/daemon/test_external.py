@@ -115,7 +115,7 @@ def test_an_external_server_is_governed_by_affinity_pace_and_clock_and_says_what
         assert driver["engine"] == "external"
         assert driver["managed"] is False
         assert set(driver["live"]) == {"threads", "max_tokens_per_s"}  # by affinity; paced
-        assert set(driver["cannot"]) == {"n_ctx", "kv_type", "model", "n_batch"}
+        assert set(driver["cannot"]) == {"n_ctx", "kv_type", "model", "n_batch", "lora_pool_mib"}
         assert driver["restart"] == []
         assert status["supervisor"]["pid"] == server.pid  # found by the port it listens on
         eventually(lambda: len(os.sched_getaffinity(server.pid)) == 2, timeout_s=30)
