@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from governor.engine.adapterspec import AdapterError, AdapterSpec
 from policies.ladder import LoraAdapter
 
 if TYPE_CHECKING:
@@ -38,32 +39,6 @@ log = structlog.get_logger("governor.engine")
 
 MIB = 1 << 20
 MAX_ADAPTER_BYTES = 2 << 30  # a LoRA file larger than this is not one a device pool is for
-
-
-class AdapterError(Exception):
-    """A request's adapter that cannot run now: `status` and `code` for the API's error."""
-
-    def __init__(self, message: str, *, status: int, code: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.code = code
-
-
-@dataclass(frozen=True)
-class AdapterSpec:
-    """A ladder adapter as its file says: what it takes in the pool, or why it cannot be used."""
-
-    name: str
-    path: Path
-    base: str  # the tier it was trained for
-    scale: float
-    bytes: int  # its tensors: the pool memory it takes once loaded
-    arch: str | None  # general.architecture
-    error: str | None = None  # None: usable
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "base": self.base, "scale": self.scale, "bytes": self.bytes, "error": self.error}
 
 
 def inspect(adapter: LoraAdapter) -> AdapterSpec:

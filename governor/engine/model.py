@@ -20,7 +20,7 @@ import numpy as np
 from llama_cpp.llama_chat_format import CHATML_CHAT_TEMPLATE, Jinja2ChatFormatter
 from llama_cpp.llama_grammar import LlamaGrammar
 
-from governor.engine.adapters import AdapterError, AdapterSpec
+from governor.engine.adapterspec import AdapterError, AdapterSpec
 from governor.engine.config import GGML_TYPE, ModelSpec, head_dim, learn_head_dim
 from governor.engine.extra_buffers import ExtraBuffers, choose, library_has_amx
 from governor.engine.plan import cache_fits

@@ -29,7 +29,8 @@ from starlette.applications import Starlette
 from govbase.errors import GovernorError
 from governor import logs, unixsock
 from governor.engine import fault
-from governor.engine.adapters import AdapterSpec, inspect_all
+from governor.engine.adapters import inspect_all
+from governor.engine.adapterspec import AdapterSpec
 from governor.engine.config import (
     ConfigRefused,
     ModelSpec,

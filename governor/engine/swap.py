@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import psutil
 
-from governor.engine.adapters import AdapterSpec
+from governor.engine.adapterspec import AdapterSpec
 from governor.engine.config import ModelSpec
 from governor.engine.jobs import ConfigJob
 from governor.engine.model import LoadedModel

@@ -18,7 +18,8 @@ from collections.abc import Callable, Mapping
 
 import structlog
 
-from governor.engine.adapters import AdapterError, AdapterPool, AdapterSpec, readahead
+from governor.engine.adapters import AdapterPool, readahead
+from governor.engine.adapterspec import AdapterError, AdapterSpec
 from governor.engine.config import ConfigRefused, ModelSpec
 from governor.engine.events import Ended, Failed, Last, Started, Text, stopping
 from governor.engine.extra_buffers import ExtraBuffers

@@ -75,12 +75,10 @@ def test_a_failed_start_at_the_fd_limit_is_retried(victim: DaemonProc) -> None:
     daemon = victim.proc.pid
     soft, hard = resource.prlimit(daemon, resource.RLIMIT_NOFILE)
     pid = engine_pid(victim)
-    # The limit is the lowest free descriptor number: every number below it is held since start-up (standard streams,
-    # the log, the listening sockets), so descriptors the daemon closes when the engine dies (its pipes, connections)
-    # free nothing it may use. A limit of "how many are open" raced with those closes and let the restart through.
-    held = {int(fd) for fd in os.listdir(f"/proc/{daemon}/fd")}
-    lowest_free = min(set(range(len(held) + 1)) - held)
-    resource.prlimit(daemon, resource.RLIMIT_NOFILE, (lowest_free, hard))
+    # A limit of 0: no descriptor number is free whatever the daemon closes meanwhile. A limit of "how many are open"
+    # (or of the lowest free number) raced with the descriptors the dying engine releases (its pipes, connections),
+    # which could let the restart through.
+    resource.prlimit(daemon, resource.RLIMIT_NOFILE, (0, hard))
     try:
         os.kill(pid, signal.SIGKILL)
         # Meanwhile the control socket cannot accept either: the daemon's log is where to look.

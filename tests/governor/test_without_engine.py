@@ -90,6 +90,8 @@ def test_the_demo_ladder_is_quantized_by_llama_quantize_without_llama_cpp_python
 
     assert done.returncode == 0, done.stderr
     sizes = {p.name: p.stat().st_size for p in (tmp_path / "demo").glob("*.gguf")}
-    assert set(sizes) == {f"smollm2-135m-instruct-{q}.gguf" for q in ("q8_0", "q4_1", "q4_0")}
+    tiers = {f"smollm2-135m-instruct-{q}.gguf" for q in ("q8_0", "q4_1", "q4_0")}
+    adapters = {f"smollm2-135m-{task}-lora.gguf" for task in ("french", "json")}  # copied, not quantized
+    assert set(sizes) == tiers | adapters
     assert sizes["smollm2-135m-instruct-q8_0.gguf"] > sizes["smollm2-135m-instruct-q4_1.gguf"]
     assert sizes["smollm2-135m-instruct-q4_0.gguf"] < sizes["smollm2-135m-instruct-q4_1.gguf"]
