@@ -78,14 +78,21 @@ class ControlClient:
 
     @contextmanager
     def hold(self, **fields: Any) -> Iterator[tuple[dict[str, Any], Iterator[dict[str, Any]]]]:
-        """Holds while the `with` block runs; the iterator yields the daemon's events (e.g. the TTL ended)."""
-        with self._connect({"cmd": "hold", **fields}) as (sock, lines):
-            answer = self._answer(lines)
-            sock.settimeout(None)
+        """Holds while the `with` block runs; the iterator yields the daemon's events (e.g. the TTL ended).
+
+        The daemon's faults are one-line ControlErrors; the `with` block's own exceptions pass through as they are
+        (wrapped, a test's ValueError read as "answered something that is not JSON")."""
+        sock = self._dial()
+        with sock, sock.makefile("rb") as lines:
+            with self._one_line_errors():
+                sock.sendall(json.dumps({"cmd": "hold", **fields}).encode() + b"\n")
+                answer = self._answer(lines)
+                sock.settimeout(None)
 
             def events() -> Iterator[dict[str, Any]]:
-                for raw in lines:
-                    yield json.loads(raw)
+                with self._one_line_errors():
+                    for raw in lines:
+                        yield json.loads(raw)
 
             yield answer, events()
 

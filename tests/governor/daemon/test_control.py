@@ -176,6 +176,14 @@ def test_a_hold_lasts_as_long_as_its_connection(server: ControlServer, api: Fake
     eventually(lambda: api.holds.in_force(api.now()) == ())
 
 
+def test_an_error_inside_a_hold_is_the_callers_not_the_daemons(server: ControlServer, api: FakeApi) -> None:
+    """The `with` block's own ValueError stays one (it read as "the governor answered something that is not JSON"),
+    and the hold is released all the same."""
+    with pytest.raises(ValueError, match="the caller's"), ControlClient(server.path).hold(state="idle"):
+        raise ValueError("the caller's")
+    eventually(lambda: api.holds.in_force(api.now()) == ())
+
+
 def test_a_hold_ends_at_its_ttl_and_says_so(server: ControlServer, api: FakeApi) -> None:
     client = ControlClient(server.path)
     with client.hold(max_tokens_per_s=3.0, ttl_s=0.3) as (answer, events):

@@ -92,6 +92,7 @@ def restarted_with(d: DaemonProc, starts: int, flag: str, value: str) -> dict[st
         assert status["supervisor"]["starts"] > starts, status["supervisor"]
         assert status["supervisor"]["ready"], status["supervisor"]
         argv = Path(f"/proc/{status['supervisor']['pid']}/cmdline").read_bytes().split(b"\0")
+        assert flag.encode() in argv, argv  # a restart for another reason may come first: wait for this one
         assert argv[argv.index(flag.encode()) + 1] == value.encode(), argv
         return status
 
