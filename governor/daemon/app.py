@@ -40,7 +40,7 @@ from governor.daemon.runtime import Daemon
 from governor.daemon.state import DaemonState
 from governor.daemon.supervisor import EngineSupervisor
 from governor.daemon.watch import EngineWatch
-from governor.engine.client import EngineStatus, EngineUnavailable
+from governor.engine.client import EngineError, EngineStatus, EngineUnavailable
 from governor.loop import Decider, GovernorLoop
 from governor.programs import NO_LLAMA_CPP, find_program
 from governor.unixsock import check_private_dir
@@ -168,7 +168,9 @@ def answering(driver: Driver, timeout_s: float) -> EngineStatus | None:
     does)."""
     try:
         return driver.wait_ready(timeout_s)
-    except EngineUnavailable:
+    except EngineError as exc:  # unreachable, or an answer that is not the engine's (e.g. llama-server's /slots)
+        if not isinstance(exc, EngineUnavailable):
+            structlog.get_logger("governor.daemon").warning("engine answered wrongly", error=str(exc))
         return None
 
 
@@ -237,7 +239,7 @@ def build(config: DaemonConfig, *, clock: Clock | None = None, env: Mapping[str,
     actuators: list[Actuator] = [
         engine,
         freq,
-        Affinity(lambda: supervisor.pid),
+        Affinity(lambda: None if isinstance(driver, External) else supervisor.pid),  # External pins its own
     ]  # applied in this order after each decision; restored in the reverse order
     loop = GovernorLoop(sensors, decider, engine, clock, actuators=actuators, wake=wake, holds=holds.in_force)
 

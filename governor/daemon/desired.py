@@ -163,6 +163,8 @@ class DesiredEngine:
                     with self._cond:
                         if self._engine == engine:
                             self._running = config
+            except Exception as exc:  # a bug or an engine's garbage must not end convergence: the next change retries
+                self._log.error("engine settings not sent", exc_info=exc)
             finally:
                 with self._cond:
                     self._in_flight = False

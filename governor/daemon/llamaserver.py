@@ -205,7 +205,7 @@ class LlamaServer:
         text = None
         if tokens:  # as text too: the next server may run another model (the config can change before it starts)
             with contextlib.suppress(EngineError, KeyError, TypeError):
-                text = str(self.request("POST", "/detokenize", json={"tokens": list(tokens)}).json()["content"])
+                text = str(self.answer("POST", "/detokenize", json={"tokens": list(tokens)})["content"])
         self._saved = Saved(running, self._flash_attn(running), tokens, text)
         self._log.info("slot saved", tokens=None if tokens is None else len(tokens), model=running.model)
 
@@ -216,11 +216,12 @@ class LlamaServer:
             return
         if saved.restorable(running, self._flash_attn(running)):
             try:
-                answer = self.request(
+                answer = self.answer(
                     "POST", f"/slots/{SLOT}?action=restore", json={"filename": SLOT_FILE}, timeout_s=SAVE_TIMEOUT_S
-                ).json()
+                )
                 self.restores += 1
-                self._log.info("slot restored", tokens=answer.get("n_restored"), ms=answer.get("timings"))
+                said = answer if isinstance(answer, dict) else {}
+                self._log.info("slot restored", tokens=said.get("n_restored"), ms=said.get("timings"))
                 return
             except EngineError as exc:
                 self._log.warning("slot not restored; evaluating the conversation again", error=exc.reason)
@@ -233,16 +234,17 @@ class LlamaServer:
         """The conversation evaluated into the new server's cache (`n_predict` 0: nothing generated)."""
         body = {"prompt": prompt, "n_predict": 0, "cache_prompt": True, "id_slot": SLOT}
         try:
-            answer = self.request("POST", "/completion", json=body, timeout_s=SAVE_TIMEOUT_S).json()
+            answer = self.answer("POST", "/completion", json=body, timeout_s=SAVE_TIMEOUT_S)
         except EngineError as exc:
             self._log.warning("conversation not evaluated again; the next turn will", error=exc.reason)
             return
         self.reevaluations += 1
-        self._log.info("conversation evaluated again", tokens=answer.get("tokens_evaluated"))
+        said = answer if isinstance(answer, dict) else {}
+        self._log.info("conversation evaluated again", tokens=said.get("tokens_evaluated"))
 
     # -- what it does -----------------------------------------------------------------------------------------------
     def status(self) -> EngineStatus:
-        slots = self.request("GET", "/slots").json()
+        slots = self.answer("GET", "/slots")
         try:
             slot = next(s for s in slots if s.get("id") == SLOT)
         except (StopIteration, TypeError, AttributeError) as exc:
@@ -268,8 +270,9 @@ class LlamaServer:
         """Tokens decoded per second between two polls of the same answer (0 while idle), lightly smoothed."""
         now = time.monotonic()
         task, decoded = slot.get("id_task"), 0
-        with contextlib.suppress(KeyError, IndexError, TypeError):
-            decoded = int(slot["next_token"][0]["n_decoded"])
+        with contextlib.suppress(KeyError, IndexError, TypeError, ValueError, OverflowError):
+            n = int(slot["next_token"][0]["n_decoded"])
+            decoded = n if 0 <= n <= 1 << 31 else 0  # the server's number: bounded like context_tokens
         last, self._decoded = self._decoded, (task if isinstance(task, int) else -1, decoded, now)
         if not busy:
             self._rate = 0.0
@@ -329,6 +332,15 @@ class LlamaServer:
         if response.is_error:
             raise EngineError(self.socket_path, response.status_code, _message(response))
         return response
+
+    def answer(self, method: str, path: str, *, json: object = None, timeout_s: float | None = None) -> Any:
+        """The JSON of an answer. One that is not JSON is the server's error like an HTTP error (EngineError), not a
+        ValueError that would escape the supervisor's and the settings thread's handling."""
+        response = self.request(method, path, json=json, timeout_s=timeout_s)
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise EngineError(self.socket_path, response.status_code, f"not JSON: {response.text!r:.200}") from exc
 
 
 def _message(response: httpx.Response) -> str:
