@@ -537,7 +537,8 @@ class StateMachine:
         if not declined:
             return self._applied(prev, want, t), None
         n_ctx, kv, model, n_batch = reload
-        config = self._config(live[0], n_ctx, kv=kv, model=model, rate=live[1], n_batch=n_batch)
+        pool = want.lora_pool_mib  # the pool resizes between answers: no price, no dwell (it was reset to 0 here)
+        config = self._config(live[0], n_ctx, kv=kv, model=model, rate=live[1], n_batch=n_batch, pool=pool)
         return self._applied(prev, prev if config == prev else config, t), "; ".join(declined)
 
     def _applied(self, prev: EngineConfig | None, config: EngineConfig, t: float) -> EngineConfig:

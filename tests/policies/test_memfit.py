@@ -257,3 +257,23 @@ def test_the_governor_sizes_the_lora_pool_only_for_a_ladder_with_adapters(tmp_pa
     tight = pooled.decide(snap(50.0, available_mb=210), IDLE, 1.0)
     assert tight.engine.lora_pool_mib == 0.0  # shrunk to its floor first ...
     assert "LoRA pool 32→0 MiB" in tight.reason  # ... and the reason says so
+
+
+def test_the_lora_pool_comes_back_while_a_priced_reload_waits(tmp_path: Path) -> None:
+    """Memory back after a squeeze: the larger context waits for its price, but the pool (a live setting, resized
+    between answers) is not part of what waits: it grows back at once and stays (it was reset to 0 MiB)."""
+    gov = ladder_governor(tmp_path)
+    assert gov.ladder is not None
+    ladder = gov.ladder.model_copy(
+        update={"adapter": (LoraAdapter(name="french", path=tmp_path / "f.gguf", base="big"),)}
+    )
+    memory = {"reserve_mb": 100.0, "overhead_mb": 20.0, "lora_pool_mib": 32.0}
+    pooled = StateMachine(
+        make_policy(memory=memory, changes={"enabled": True}), ladder=ladder, footprints=gov.footprints
+    )
+    pooled.decide(snap(50.0, available_mb=4000), IDLE, 0.0)
+    assert pooled.decide(snap(50.0, available_mb=150), IDLE, 1.0).engine.lora_pool_mib == 0.0
+    waiting = [pooled.decide(snap(50.0, available_mb=4000), IDLE, float(t)) for t in range(2, 20)]
+    assert all(d.engine.n_ctx == 768 for d in waiting)  # the reload waits its price ...
+    assert [d.engine.lora_pool_mib for d in waiting] == [32.0] * len(waiting)  # ... the pool does not
+    assert waiting[-1].rule == "change.priced"
