@@ -177,15 +177,7 @@ class ZoneFilter:
         exit_c = enter - cfg.hysteresis_c
         # An explicit hot_c can sit above trip - control_margin: the setpoint must stay above the exit.
         setpoint = max(trip - cfg.control_margin_c, exit_c + 0.5)
-        over = cfg.critical_over_trip_c
-        if cfg.critical_c is not None:
-            crit = cfg.critical_c
-        elif critical is not None:
-            crit = critical - cfg.critical_margin_c
-        else:
-            crit = cfg.fallback_critical_c
-        if cfg.critical_c is None and over is not None:
-            crit = min(crit, trip + over)
+        crit = self._critical(cfg.fallback_critical_c, trip, critical)
 
         temp: float | None = None
         zone: str | None = None

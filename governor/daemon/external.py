@@ -26,7 +26,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -39,13 +39,12 @@ from pydantic import BaseModel
 from govbase.errors import GovernorError
 from governor.daemon.driver import Capabilities
 from governor.daemon.pacing import Pace
-from governor.daemon.polled import StatusPoll, peer_pid
+from governor.daemon.polled import PolledDriver, StatusPoll, peer_pid
 from governor.daemon.restarts import Availability
 from governor.daemon.supervisor import EngineSupervisor
 from governor.engine.client import EngineError, EngineStatus, EngineUnavailable, _UnixTransport
 from policies.decision import EngineConfig
 from policies.schema import EngineOptions
-from sensors.snapshot import EngineObservation
 
 OLLAMA_PATHS = frozenset({"/api/chat", "/api/generate"})  # Ollama's native API: per-request options
 OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
@@ -103,7 +102,7 @@ class Affinity:
             raise
 
 
-class External:
+class External(PolledDriver):
     """The driver (governor.daemon.driver.EngineDriver) of a server the governor does not start."""
 
     def __init__(
@@ -192,24 +191,11 @@ class External:
         self.request("GET", "/v1/models")  # it answers: the status stream is the liveness probe
         return self.status()
 
-    def events(self, *, heartbeat_s: float | None = None) -> Generator[EngineStatus, None, None]:
-        """Its status at every heartbeat (after a GET /v1/models), and at once when a chat comes in or ends."""
-        return self.poll.events(heartbeat_s)
-
     def on_chat(self, started: bool) -> None:
         """A chat through the public socket came in or ended: what makes it busy (the server says nothing)."""
         with self._lock:
             self.in_flight = max(0, self.in_flight + (1 if started else -1))
         self.poll.kick()
-
-    def interrupt_streams(self) -> None:
-        self.poll.interrupt()
-
-    def observe(self) -> EngineObservation | None:
-        try:
-            return self.status().observation()
-        except EngineError:
-            return None
 
     # -- what it is told ------------------------------------------------------------------------------------------
     def apply(self, config: EngineConfig) -> None:

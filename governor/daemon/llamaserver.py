@@ -23,7 +23,7 @@ import contextlib
 import struct
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,12 +34,11 @@ import structlog
 from govbase.errors import GovernorError
 from governor.daemon.driver import Capabilities
 from governor.daemon.pacing import Pace
-from governor.daemon.polled import StatusPoll, peer_pid
+from governor.daemon.polled import PolledDriver, StatusPoll, peer_pid
 from governor.engine.client import EngineError, EngineStatus, EngineUnavailable, _UnixTransport
 from policies.decision import EngineConfig
 from policies.ladder import ModelLadder
 from policies.schema import EngineOptions
-from sensors.snapshot import EngineObservation
 
 CAPABILITIES = Capabilities.of("llama-server", live=["max_tokens_per_s"], reload=[])
 SLOT = 0  # one slot (-np 1): one conversation, the whole context, as the built-in engine
@@ -89,7 +88,7 @@ def read_saved_tokens(path: Path) -> tuple[int, ...] | None:
     return packed[3 : 3 + packed[2]]
 
 
-class LlamaServer:
+class LlamaServer(PolledDriver):
     """The driver (governor.daemon.driver.EngineDriver) of a llama-server child on the daemon's private socket."""
 
     capabilities = CAPABILITIES
@@ -281,23 +280,10 @@ class LlamaServer:
             self._rate = rate if self._rate == 0.0 else 0.5 * self._rate + 0.5 * rate
         return round(self._rate, 2)
 
-    def events(self, *, heartbeat_s: float | None = None) -> Generator[EngineStatus, None, None]:
-        return self.poll.events(heartbeat_s)
-
     def on_chat(self, started: bool) -> None:
         """A chat came in (read the status now: an idle server is polled only at the heartbeat) or ended."""
         if started:
             self.poll.kick()
-
-    def interrupt_streams(self) -> None:
-        self.poll.interrupt()
-
-    def observe(self) -> EngineObservation | None:
-        try:
-            return self.status().observation()
-        except EngineError as exc:
-            self._log.warning("engine status unavailable", error=str(exc))
-            return None
 
     # -- what it is told --------------------------------------------------------------------------------------------
     def apply(self, config: EngineConfig) -> None:

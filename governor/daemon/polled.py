@@ -12,8 +12,11 @@ from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import structlog
+
 from governor.daemon.restarts import Availability
-from governor.engine.client import EngineStatus, EngineUnavailable
+from governor.engine.client import EngineError, EngineStatus, EngineUnavailable
+from sensors.snapshot import EngineObservation
 
 if TYPE_CHECKING:
     from governor.daemon.proxy import EngineGate
@@ -84,3 +87,27 @@ class NoticingGate:
 
     def exit_of(self, start: int) -> str | None:
         return self.supervisor.exit_of(start)
+
+
+class PolledDriver:
+    """What a driver of an engine that pushes nothing (llama-server, an external server) shares: its status stream is
+    `poll`'s, and an observation is its status read now."""
+
+    poll: StatusPoll
+
+    def status(self) -> EngineStatus:
+        raise NotImplementedError
+
+    def events(self, *, heartbeat_s: float | None = None) -> Generator[EngineStatus, None, None]:
+        """Its status at every heartbeat, and at once when a chat comes in or ends."""
+        return self.poll.events(heartbeat_s)
+
+    def interrupt_streams(self) -> None:
+        self.poll.interrupt()
+
+    def observe(self) -> EngineObservation | None:
+        try:
+            return self.status().observation()
+        except EngineError as exc:
+            structlog.get_logger("governor.engine").warning("engine status unavailable", error=str(exc))
+            return None
