@@ -14,6 +14,7 @@ loop's): it must only set a plain attribute (`EngineSupervisor.hurry`).
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
@@ -65,6 +66,7 @@ class SignalInbox:
         the interpreter's own exit puts the default back on Python handlers, and a storm outlasting the shutdown
         then killed a daemon that had stopped cleanly (exit -15 instead of 0)."""
         if self._installed:
+            sys.unraisablehook = _without_ignored_signal_reports(sys.unraisablehook)
             for signum in HANDLED:
                 signal.signal(signum, signal.SIG_IGN)
 
@@ -93,3 +95,22 @@ class SignalInbox:
         if taken:
             self.stopping = True
         return taken
+
+
+def _without_ignored_signal_reports(
+    hook: Callable[[sys.UnraisableHookArgs], object],
+) -> Callable[[sys.UnraisableHookArgs], object]:
+    """`hook`, but silent on CPython's report of a stop or reload signal that came after its handler became SIG_IGN.
+
+    The C-level handler marks a signal as it arrives and Python runs the handler later; one arriving between
+    `signal.signal`'s check of pending signals and its switch to SIG_IGN is marked with no handler left to run, and
+    CPython reports "OSError: Signal 15 ignored due to race condition" with a traceback on stderr (a storm of SIGTERMs
+    ended a clean shutdown with one). Ignoring it is what was asked: anything else still reaches `hook`."""
+    ignored = {f"Signal {int(signum)} ignored due to race condition" for signum in HANDLED}
+
+    def filtered(unraisable: sys.UnraisableHookArgs) -> object:
+        if isinstance(unraisable.exc_value, OSError) and str(unraisable.exc_value) in ignored:
+            return None
+        return hook(unraisable)
+
+    return filtered
