@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Every number here came from outside (sysfs, an engine, a trace file): finite, or a validation error naming it.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 TempKind = Literal["thermal_zone", "hwmon", "battery", "psutil", "termux", "simulated"]
@@ -97,14 +98,15 @@ class EngineObservation(Frozen):
     """What the loop knows of the engine at a tick; optional in a trace line."""
 
     busy: bool
-    tokens_per_s: float | None = None
+    tokens_per_s: float | None = Field(default=None, ge=0, le=1e6)
     model: str | None = None
-    rss_bytes: int | None = None
+    rss_bytes: int | None = Field(default=None, ge=0, le=1 << 50)
     # Of rss_bytes, what is not file-backed (RSS minus the mapped files' resident pages: KV cache, compute buffer,
     # runtime): what the kernel cannot reclaim short of killing the process.
-    anon_bytes: int | None = Field(default=None, ge=0)
+    anon_bytes: int | None = Field(default=None, ge=0, le=1 << 50)
     loaded: bool | None = None  # False: the engine unloaded its model after --keep-alive idle seconds
-    threads: int | None = None  # the threads the engine runs with now (what tokens_per_s was measured at)
+    # The threads the engine runs with now (what tokens_per_s was measured at); bounded as the setting is.
+    threads: int | None = Field(default=None, ge=1, le=1024)
     # Tokens in the KV cache (the context's fill) now; at most the largest n_ctx a policy may set (policies' `Ctx`).
     context_tokens: int | None = Field(default=None, ge=0, le=1 << 20)
     given_up: str | None = None  # the daemon's supervisor gave the engine up after repeated failures: why

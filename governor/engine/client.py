@@ -64,11 +64,11 @@ class EngineStatus(EngineConfig):
     model_config = ConfigDict(extra="allow")
 
     busy: bool
-    tokens_per_s: float | None = None
-    queue_length: int = 0
+    tokens_per_s: float | None = Field(default=None, ge=0, le=1e6)
+    queue_length: int = Field(default=0, ge=0, le=1 << 20)
     context_tokens: int | None = Field(default=None, ge=0, le=1 << 20)  # bounded as n_ctx is (policies' `Ctx`)
-    rss_bytes: int | None = None
-    anon_bytes: int | None = Field(default=None, ge=0)
+    rss_bytes: int | None = Field(default=None, ge=0, le=1 << 50)
+    anon_bytes: int | None = Field(default=None, ge=0, le=1 << 50)
     loaded: bool | None = None  # None: an engine from before idle unload
     paused: str | None = None  # why the model is held unloaded (POST /engine/pause)
 

@@ -281,3 +281,13 @@ def test_a_context_fill_out_of_range_is_refused_not_used(fill: int) -> None:
     a validation error that names the field, never a figure the allocator divides by."""
     with pytest.raises(ValidationError, match="context_tokens"):
         EngineObservation(busy=False, context_tokens=fill)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("tokens_per_s", "-1"), ("tokens_per_s", "NaN"), ("rss_bytes", "-5"), ("threads", "0")]
+)
+def test_an_engine_observation_out_of_range_is_refused_naming_the_field(field: str, value: str) -> None:
+    """An engine's status or a trace line is outside input: a rate, size or count it could not have is a validation
+    error that names it, never a figure the policy divides by or averages in."""
+    with pytest.raises(ValidationError, match=field):
+        EngineObservation.model_validate_json(f'{{"busy": true, "{field}": {value}}}')
