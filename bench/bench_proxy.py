@@ -51,7 +51,7 @@ class Gate:
     def request_started(self, *, chat: bool) -> int:
         return 1
 
-    def request_ended(self, start: int) -> None:
+    def request_ended(self, start: int, *, answered: bool) -> None:
         pass
 
     def exit_of(self, start: int) -> str | None:

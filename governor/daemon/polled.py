@@ -80,10 +80,10 @@ class NoticingGate:
             self.on_chat(True)
         return self.supervisor.request_started(chat=chat)
 
-    def request_ended(self, start: int) -> None:
-        """(The public socket ends only chats: governor.daemon.proxy.)"""
+    def request_ended(self, start: int, *, answered: bool) -> None:
+        """(The public socket ends only chats, answered or not: governor.daemon.proxy.)"""
         self.on_chat(False)
-        self.supervisor.request_ended(start)
+        self.supervisor.request_ended(start, answered=answered)
 
     def exit_of(self, start: int) -> str | None:
         return self.supervisor.exit_of(start)

@@ -80,7 +80,7 @@ class EngineGate(Protocol):
 
     def availability(self) -> Availability: ...
     def request_started(self, *, chat: bool) -> int: ...
-    def request_ended(self, start: int) -> None: ...
+    def request_ended(self, start: int, *, answered: bool) -> None: ...
     def exit_of(self, start: int) -> str | None: ...
 
 
@@ -265,13 +265,13 @@ class ProxyApp:
                 # It never reached the engine (which just died or is not listening yet): hold it for the next one.
                 upstream.close()
                 if chat:
-                    self.gate.request_ended(start)
+                    self.gate.request_ended(start, answered=False)
                 await asyncio.sleep(POLL_S)
                 continue
             except asyncio.CancelledError:
                 upstream.close()
                 if chat:
-                    self.gate.request_ended(start)  # the client left; the engine did nothing wrong
+                    self.gate.request_ended(start, answered=True)  # the client left; the engine did nothing wrong
                 raise
             break
         whole = False
@@ -283,8 +283,8 @@ class ProxyApp:
             raise
         finally:
             upstream.close()
-            if chat and whole:
-                self.gate.request_ended(start)
+            if chat:  # ended either way (an external server's busy count); answered only when relayed whole
+                self.gate.request_ended(start, answered=whole)
 
     async def _forward(
         self,

@@ -338,10 +338,10 @@ class EngineSupervisor:
             self._requests += chat
             return self.status.starts
 
-    def request_ended(self, start: int) -> None:
-        """That request was answered (or its client left): the engine is past its first decode."""
+    def request_ended(self, start: int, *, answered: bool = True) -> None:
+        """That request ended; `answered` (or its client left): the engine is past its first decode."""
         with self._lock:
-            if start == self.status.starts:
+            if answered and start == self.status.starts:
                 self._answered += 1
 
     def exit_of(self, start: int) -> str | None:

@@ -14,6 +14,7 @@ import pytest
 from governor.daemon.proxylink import Broken, EngineLink
 from governor.daemon.publicsocket import ProxyServer, fast_loop
 from governor.daemon.restarts import Availability
+from tests.helpers import eventually
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
@@ -23,14 +24,17 @@ def chunk(data: bytes) -> bytes:
 
 
 class Gate:
+    def __init__(self) -> None:
+        self.ended: list[bool] = []  # each request's end: whether it was answered
+
     def availability(self) -> Availability:
         return Availability(ready=True, given_up=False, reason="", retry_after_s=0)
 
     def request_started(self, *, chat: bool) -> int:
         return 1
 
-    def request_ended(self, start: int) -> None:
-        pass
+    def request_ended(self, start: int, *, answered: bool) -> None:
+        self.ended.append(answered)
 
     def exit_of(self, start: int) -> str | None:
         return "engine killed by SIGSEGV after 1.0 s"
@@ -153,6 +157,32 @@ def test_a_json_answer_cut_short_is_a_502_not_half_a_json(proxied: tuple[Scripte
     assert status == 502
     assert b"engine_died" in body
     assert b'"id"' not in body
+
+
+@pytest.mark.parametrize(
+    ("parts", "answered"),
+    [
+        ([SSE_HEAD, chunk(b"data: [DONE]\n\n"), b"0\r\n\r\n"], True),
+        ([SSE_HEAD, chunk(b'data: {"n": 0}\n\n')], False),  # the stream cut short
+        ([b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n", b'{"id"'], False),  # the JSON cut short
+    ],
+    ids=["whole", "stream cut short", "json cut short"],
+)
+def test_the_gate_hears_every_chat_end_and_whether_it_was_answered(
+    tmp_path: Path, parts: list[bytes], answered: bool
+) -> None:
+    """An external server's busy count goes down by each chat's end, the broken ones too (they leaked: a server that
+    once broke under an answer was busy forever); the supervisor counts only the answered ones."""
+    engine, gate = ScriptedEngine(tmp_path / "e-child.sock"), Gate()
+    engine.parts = parts
+    proxy = ProxyServer(tmp_path / "e.sock", engine.path, gate, hold_s=1.0, drain_s=1)
+    proxy.start()
+    try:
+        ask(tmp_path / "e.sock")
+        assert eventually(lambda: gate.ended) == [answered]
+    finally:
+        proxy.close(5.0)
+        engine.close()
 
 
 def test_garbage_from_the_engine_is_a_502(proxied: tuple[ScriptedEngine, Path]) -> None:
