@@ -24,6 +24,7 @@ import contextlib
 import json
 import math
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -69,10 +70,19 @@ def listening_pid(address: Address) -> int | None:
     """The process that listens there (None when it cannot be seen: another user's, without root)."""
     if isinstance(address, Path):
         return peer_pid(address)
+    host, port = address
     with contextlib.suppress(psutil.Error, OSError):
-        for conn in psutil.net_connections(kind="tcp"):
-            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == address[1] and conn.pid:
-                return int(conn.pid)
+        ips = sorted({str(info[4][0]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)})
+        listening = {
+            conn.laddr.ip: int(conn.pid)
+            for conn in psutil.net_connections(kind="tcp")
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid
+        }
+        # The one the kernel hands our connection to: bound to the address itself before one bound to all (another
+        # user's server on the same port at another address is not the engine: it is never pinned).
+        for ip in (*ips, "0.0.0.0", "::"):
+            if ip in listening:
+                return listening[ip]
     return None
 
 

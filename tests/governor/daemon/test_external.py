@@ -5,16 +5,18 @@ per-request options are checked against the shape of its documented native API (
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from governor.daemon.external import External, ExternalError, ollama_options, parse_url
+from governor.daemon.external import External, ExternalError, listening_pid, ollama_options, parse_url
 from governor.demo.models import smollm2_path
 from governor.engine.client import EngineError
 from governor.programs import find_program
@@ -96,6 +98,29 @@ def clocked(root: Path) -> FakeTree:
     tree = device_tree(root)
     tree.cluster(0, range(4), max_khz=2_400_000, min_khz=600_000, available=(600_000, 1_200_000, 1_800_000, 2_400_000))
     return tree
+
+
+LISTEN = "import socket, sys; s = socket.create_server((sys.argv[1], int(sys.argv[2]))); print(flush=True); input()"
+
+
+def test_the_engine_is_the_process_listening_at_its_address_not_another_on_its_port() -> None:
+    """A local user's server on the engine's port at another loopback address is never taken for the engine (its
+    threads would be pinned by the daemon); the one bound to the address is."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with contextlib.ExitStack() as stack:
+        listeners = []
+        for host in ("127.0.0.2", "127.0.0.1"):  # the other user's first: a scan that takes any listener finds it
+            argv = [sys.executable, "-c", LISTEN, host, str(port)]
+            proc = stack.enter_context(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE))
+            stack.callback(proc.kill)
+            listeners.append(proc)
+            assert proc.stdout is not None
+            assert proc.stdout.readline() == b"\n"  # listening
+        assert listening_pid(("127.0.0.1", port)) == listeners[1].pid
+        assert listening_pid(("localhost", port)) == listeners[1].pid
+        assert listening_pid(("127.0.0.2", port)) == listeners[0].pid
 
 
 @pytest.mark.slow
