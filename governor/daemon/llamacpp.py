@@ -56,6 +56,7 @@ def engine_command(
         f"{drain_s:g}",
         "--keep-alive",
         f"{options.keep_alive_s:g}",
+        "--exit-with-parent",
     ]
     if options.stream_interval_ms is not None:
         argv += ["--stream-interval-ms", f"{options.stream_interval_ms:g}"]

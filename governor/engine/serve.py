@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import FrameType
@@ -126,7 +127,28 @@ def add_engine(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         "work per chunk would take a core they need), else 0",
     )
     p.add_argument("--root", type=Path, default=Path("/"), metavar="DIR", help="read DIR/proc/cpuinfo (default /)")
+    p.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop (as on SIGTERM) when the process that started this one is gone: the governor daemon passes it, "
+        "so an engine does not outlive a daemon that was killed (its memory and socket held, next to the next one's)",
+    )
     return p
+
+
+def exit_with_parent(interval_s: float = 0.5) -> threading.Thread:
+    """A thread that sends this process SIGTERM once its parent has gone (it was re-parented: getppid changed)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        log.warning("engine.orphaned", parent=parent, why="the process that started it is gone: stopping as on SIGTERM")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, name="exit-with-parent", daemon=True)
+    thread.start()
+    return thread
 
 
 def _run_from_cli(args: argparse.Namespace) -> int:
@@ -266,6 +288,8 @@ class _Server(uvicorn.Server):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.exit_with_parent:
+        exit_with_parent()
     # Arguments first: a bad one is an error before llama.cpp is even imported.
     models, settings = initial(args)
     mode = extra_buffers_mode(args)

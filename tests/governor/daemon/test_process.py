@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from govbase.errors import GovernorError
@@ -50,6 +51,16 @@ def test_kill_9_mid_stream_restarts_the_engine_and_serves_the_next_request(daemo
     assert "memory pressure was high" in status["supervisor"]["last_exit"]
     assert daemon.engine.status().model in ("medium", "small")
     assert "capped at" in status["reason"] or status["config"]["model"] != "large"
+
+
+def test_the_engine_does_not_outlive_a_killed_daemon(daemon: DaemonProc) -> None:
+    """kill -9 of the daemon (the OOM killer, a hung service's last resort outside systemd's cgroup): its engine
+    stops by itself, freeing its memory and socket for the next daemon's engine."""
+    engine = psutil.Process(daemon.status()["supervisor"]["pid"])
+    daemon.proc.kill()
+    daemon.proc.wait(30)
+    assert eventually(lambda: not engine.is_running() or engine.status() == psutil.STATUS_ZOMBIE, timeout_s=30)
+    assert not daemon.engine_socket.with_name("e-child.sock").exists()  # its private socket: removed as it stopped
 
 
 def test_a_second_sigterm_during_the_drain_ends_the_answer_and_exits(
