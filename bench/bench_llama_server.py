@@ -7,7 +7,8 @@
    public socket, its status polls, its loop, nothing to change: every state asks the same settings). Each round
    streams the same greedy answer from both, in alternating order (pairs see the same load); the figure is the median
    of the per-round ratios of decode tokens/s (as the client sees it: tokens after the first ÷ time from the first to
-   the last), governed ÷ direct. Goal >= 0.98.
+   the last), governed ÷ direct. Goal >= 0.98. A third identical server alone is measured in the same rotation: its
+   ratio to the first (the A/A control) shows how much two servers differ with nothing between them.
 2. A threads change (2 -> 1) on a 1,500-token chat, as the governor applies it: the slot saved, the server restarted,
    the slot restored (governor.daemon.llamaserver), against a cold restart that evaluates the chat again. Timed from
    the change to the new server holding the conversation in its cache; alternating, median of each. Goal restore ÷
@@ -104,26 +105,34 @@ def decode_rate(sock: Path, tokens: int) -> float:
 
 
 def through_the_governor(ladder_file: Path, ladder: ModelLadder, rounds: int, tokens: int) -> dict[str, Any]:
+    """Each round: the governed server, the one alone and an identical second one alone (the A/A control: how far two
+    servers with nothing between them differ), in rotating order; the medians of the per-round ratios to `direct`."""
     with tempfile.TemporaryDirectory(prefix="gvb", dir="/tmp") as tmp:
         work = Path(tmp)
         slots = work / "slots"
         slots.mkdir()
         driver = LlamaServer(find_program("llama-server"), ladder, work / "direct.sock", slots)
-        with alone(driver, CONFIG), governed(work, ladder_file) as public:
-            ratios, direct, ours = [], [], []
-            decode_rate(work / "direct.sock", 8)
+        twin = LlamaServer(find_program("llama-server"), ladder, work / "control.sock", slots)
+        with alone(driver, CONFIG), alone(twin, CONFIG), governed(work, ladder_file) as public:
+            sockets = {"direct": work / "direct.sock", "governed": public, "control": work / "control.sock"}
+            rates: dict[str, list[float]] = {name: [] for name in sockets}
+            for sock in sockets.values():
+                decode_rate(sock, 8)
             for i in range(rounds):
-                pair = [("direct", work / "direct.sock"), ("governed", public)]
-                got = {name: decode_rate(sock, tokens) for name, sock in (pair if i % 2 == 0 else pair[::-1])}
-                direct.append(got["direct"])
-                ours.append(got["governed"])
-                ratios.append(got["governed"] / got["direct"])
-                print(f"  round {i + 1}: direct {got['direct']:.1f} tok/s, governed {got['governed']:.1f} tok/s")
+                order = list(sockets)[i % 3 :] + list(sockets)[: i % 3]
+                for name in order:
+                    rates[name].append(decode_rate(sockets[name], tokens))
+                print(f"  round {i + 1}: " + ", ".join(f"{n} {rates[n][-1]:.1f}" for n in sockets) + " tok/s")
         driver.close()
+        twin.close()
+    ratio = {
+        name: statistics.median(r / d for r, d in zip(rates[name], rates["direct"], strict=True)) for name in rates
+    }
     return {
-        "direct_tok_s": statistics.median(direct),
-        "governed_tok_s": statistics.median(ours),
-        "ratio": statistics.median(ratios),
+        "direct_tok_s": statistics.median(rates["direct"]),
+        "governed_tok_s": statistics.median(rates["governed"]),
+        "ratio": ratio["governed"],
+        "control_ratio": ratio["control"],
     }
 
 
@@ -196,7 +205,7 @@ def main() -> int:
         print("decode through the governor's socket vs llama-server alone (SmolLM2 Q8_0, 2 threads):")
         decode = through_the_governor(ladder_file, ladder, args.rounds, args.tokens)
         print(f"  median {decode['governed_tok_s']:.1f} / {decode['direct_tok_s']:.1f} tok/s; governed ÷ direct "
-              f"{decode['ratio']:.3f} (goal >= 0.98)")  # fmt: skip
+              f"{decode['ratio']:.3f} (goal >= 0.98); A/A control ÷ direct {decode['control_ratio']:.3f}")  # fmt: skip
     if args.only in (None, "threads"):
         print(f"threads 2 -> 1 on a {args.chat_tokens}-token chat: slot restore vs cold restart + prefill:")
         change = threads_change(ladder, max(2, args.rounds // 2), args.chat_tokens)
