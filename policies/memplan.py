@@ -199,14 +199,19 @@ class MemoryPlan:
                     candidates, max_ctx=ctx, kv_type=kv, budget_bytes=size - MIB, memory=mem, adapters=self.adapters
                 )
                 result = capped if capped.wait is None else self._smallest(candidates, budget)
-        if last is None or last.wait is not None or result.bytes <= last.bytes or last.bytes > budget:
+        if last is None or last.wait is not None or last.bytes > budget:
             return result
-        allowed = (
-            last.n_ctx <= ctx
-            and KV_ORDER.index(last.kv_type) >= KV_ORDER.index(kv)
-            and any(c.name == last.model for c in candidates)
-        )
-        if not allowed:  # the profiles in force no longer allow it: the fit stands
+        tier = [c for c in candidates if c.name == last.model]
+        if not tier:  # the profiles in force no longer allow its tier: the fit stands
+            return result
+        if last.n_ctx > ctx or KV_ORDER.index(last.kv_type) < KV_ORDER.index(kv):
+            # The profiles now cap its context or KV type (heat): the band holds the setting in force as they cap it,
+            # never a larger tier than it (the cap would otherwise let the fit jump past the band: hotter, bigger).
+            last = fit(tier, max_ctx=min(last.n_ctx, ctx), kv_type=kv, budget_bytes=budget, memory=mem,
+                       adapters=self.adapters)  # fmt: skip
+            if last.wait is not None:
+                return result
+        if result.bytes <= last.bytes:
             return result
         # at least as much to spare as a shrink leaves (the exit band's target), or a shrink grows back at once
         margin = max(mem.grow_margin_mb * MIB, SHRINK_BAND * budget)

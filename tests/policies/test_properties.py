@@ -120,8 +120,21 @@ FOOTPRINTS = {"big": footprint(1500, 24), "mid": footprint(600, 16), "tiny": foo
 TIER = {t.name: i for i, t in enumerate(LADDER.tiers)}
 
 
+def _memory_step(dt: float, available_mb: float | None) -> Step:
+    return {"dt": dt, "temp": None, "percent": None, "plugged": False, "busy": False, "psi": None,
+            "available_mb": available_mb}  # fmt: skip
+
+
 @settings(max_examples=100)
 @given(traces, step, temps)
+# No zone reads for 5.75 s (hot on: untrusted), memory unknown (the largest tier), then 1 GiB: the exit band shrinks
+# to tiny@4096 and the enter band keeps it while cool; hot's profile caps n_ctx and KV, and the fit under that cap
+# found mid@512 q4_0 (a bigger tier when hotter).
+@example(
+    [_memory_step(dt, None) for dt in (1.0, 2.0, 2.0, 0.5, 0.25)] + [_memory_step(1.0, 1024.0)],
+    _memory_step(1.0, 1024.0),
+    [20.0, 75.0],
+)
 def test_with_memory_fit_hotter_never_gives_a_bigger_tier_or_context_on_one_tier(
     trace: list[Step], last: Step, pair: list[float]
 ) -> None:
