@@ -40,6 +40,7 @@ class Tick(NamedTuple):
     load: Mapping[str, float | None] | None = None  # its readings
     sized_by: tuple[str, ...] = ()  # owners of the holds whose max_tier / max_ctx the config sits at
     declined: str | None = None  # a wanted change that waits for its price (policies/changecost.py)
+    aside_s: float | None = None  # hot steps aside (policies/authority.py): back after this long without throttling
 
 
 def _headroom(v: ThermalView) -> str:
@@ -168,6 +169,9 @@ def rule_of(k: Tick) -> tuple[str, Clause]:
         return "dwell.hold", lambda: f"{why()}, {k.desired.value} in {k.held_for_s:.1f} s (dwell)"
     if k.label != k.state:
         return "hold.pin", lambda: f"pinned by a client hold ({_why_on(k, k.state)[1]()})"
+    if k.state == State.HOT and k.aside_s is not None:
+        back = k.aside_s
+        return "thermal.aside", lambda: _aside(v, back)
     if k.state == State.HOT and k.pi_u is not None and v.temp_c is not None:
         u = k.pi_u
         return "thermal.pi", lambda: f"{_headroom(v)}, setpoint {_n(v.setpoint_c)} °C, PI output {u:.2f}"
@@ -192,6 +196,14 @@ def rule_of(k: Tick) -> tuple[str, Clause]:
     else:
         rule = f"state.{k.state.value}"
     return rule, clause
+
+
+def _aside(v: ThermalView, back_s: float) -> str:
+    return (
+        f"{_headroom(v)}; pass-through: hot's cut at its floor did not bring the zone down and the kernel throttles "
+        f"the clock anyway (the heat is not the engine's to govern); hot's limits return after {back_s:.0f} s "
+        "without throttling"
+    )
 
 
 def _threads(n: int) -> str:

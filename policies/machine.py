@@ -14,6 +14,7 @@ from functools import partial
 from typing import NamedTuple
 
 from policies.allocator import PowerAllocator
+from policies.authority import Authority
 from policies.changecost import Dwell, Price, Rates, price
 from policies.contention import ThreadFit, ThreadsNote
 from policies.controller import PIController
@@ -115,6 +116,7 @@ class StateMachine:
         self._tier_index = self._resolve_tiers()
         self._limits = {state: Limits.of(state, profile) for state, profile in policy.states.items()}
         self.power = PowerAllocator(policy, freq_ratios, prior, self.footprints)
+        self.authority = Authority()  # hot steps aside where the heat is not the engine's (policies/authority.py)
 
     # -- set-up (validation of the policy against the ladder happens once, here) --------------------------------
 
@@ -223,6 +225,7 @@ class StateMachine:
             desired=desired, held_for_s=held_for, prev=prev, config=config, pi_u=self._pi_u, fit=fitted,
             ramping=self._ramping, engine=engine, capped=bool(caps or rate_caps or sizing), choice=self.power.choice,
             contention=contention, load=self._fit_threads.readings(), declined=declined,
+            aside_s=self.authority.back_after_s if self.state == State.HOT else None,
             sized_by=tuple(h.owner for h in sizing if model == h.max_tier or n_ctx == h.max_ctx),
         )  # fmt: skip
         self._calm = self._is_calm(sense, engine, label)
@@ -369,7 +372,9 @@ class StateMachine:
         if pin is None and (self.state == State.LOW_BATTERY or trig[State.LOW_BATTERY].on):
             active.append(limits[State.LOW_BATTERY])  # a client's pin overrides low battery, never hot or critical
         view = sense.view
-        if self.state == State.HOT and sense.untrusted and view.temp_c is None:
+        hot = self.state == State.HOT
+        aside = self.authority.aside(t, hot=hot, u=self._pi_u, throttled=sense.cpu_throttled, temp_c=view.temp_c)
+        if hot and sense.untrusted and view.temp_c is None:
             # No temperature to control on: the hot profile at its floor (threads, rate and clock as low as hot
             # goes), not the PI's last output (at start: the sustained profile, as if nothing were wrong). The PI
             # starts again, bumpless from these limits, once a zone reads.
@@ -378,7 +383,9 @@ class StateMachine:
             if self.power.enabled:
                 choice = self.power.allocate(0.0, self._cpus)
                 active.append(self._limits[State.HOT].at(choice.threads, choice.rate))
-        elif self.state == State.HOT:
+        elif hot and aside:  # the kernel throttles with hot's cut at its floor: pass-through; the PI restarts bumpless
+            self._pi, self._pi_u = None, None
+        elif hot:
             u = self._pi_output(view.setpoint_c, view.hot_exit_c, view.temp_c, prev, t)
             if not self.power.enabled:
                 active.append(self._hot_at(u))

@@ -1,0 +1,66 @@
+"""Heat the engine cannot govern: when hot's cut is at its floor and the kernel still throttles, step aside.
+
+Hot's PI cuts the engine to keep the binding zone under its trip. Where the heat is other programs' (a busy phone's
+skin held over its trip by them; issue 27's randomized fleet: the world alone throttled 56-74 % of the time), the cut
+reaches its floor (one thread at hot's lowest rate) and the zone stays where they keep it: the kernel throttles the
+clock anyway, for them and for the engine. The engine then pays twice, the kernel's throttling and the floor's cap
+on top (fleet:1:19, busy machine: 1 tok/s for 12 minutes where `none` decoded 8 tok/s at the same throttled clock;
+0.48 x its tokens). Governing never loses to nothing: after `WINDOW_S` at the floor with the kernel throttling and the
+zone not falling by `FALL_C`, the hot limits step aside (pass-through; the kernel's throttling still keeps the trip,
+as it does for `none`) until the kernel has not throttled for a back-off that doubles at each return
+(`BACKOFF_S` .. `BACKOFF_MAX_S`), so a world that keeps the zone at its trip does not make the PI cut and release
+every few minutes. Where the engine's own heat put the zone there, the cut has authority and the zone falls: no
+step aside.
+
+Pure: readings and time in, a verdict out.
+"""
+
+from __future__ import annotations
+
+FLOOR_U = 0.02  # the PI output at which hot's cut is at its floor
+WINDOW_S = 60.0  # that long at the floor with the kernel throttling and the zone not falling: not the engine's heat
+FALL_C = 0.5  # ... by this much over the window (a falling zone: the cut is working, slowly)
+BACKOFF_S = 120.0  # after stepping aside: back only when the kernel has not throttled this long
+BACKOFF_MAX_S = 960.0  # ... doubling at each return, up to this
+
+
+class Authority:
+    def __init__(self) -> None:
+        self._since: float | None = None  # at the floor with the kernel throttling since
+        self._start_c: float | None = None  # the zone's temperature then
+        self.aside_t: float | None = None  # stepped aside at (None: hot governs)
+        self._calm_t: float | None = None  # aside, and the kernel not throttling since
+        self.backoff_s = BACKOFF_S
+
+    @property
+    def back_after_s(self) -> float | None:
+        """Stepped aside: how long without throttling brings hot's limits back; else None."""
+        return self.backoff_s if self.aside_t is not None else None
+
+    def aside(self, t: float, *, hot: bool, u: float | None, throttled: bool | None, temp_c: float | None) -> bool:
+        """Whether hot's limits step aside this tick (`u`: the PI's last output; `throttled`: the kernel holds the
+        clock down; None: unknown, never a reason to step aside)."""
+        if not hot:  # out of hot: the back-off starts over
+            self._since = self._start_c = self.aside_t = self._calm_t = None
+            self.backoff_s = BACKOFF_S
+            return False
+        if self.aside_t is not None:
+            if throttled is not False:
+                self._calm_t = None
+            elif self._calm_t is None:
+                self._calm_t = t
+            if self._calm_t is None or t - self._calm_t < self.backoff_s:
+                return True
+            self.aside_t = self._calm_t = self._since = None  # back: the PI starts again from the power in use
+            self.backoff_s = min(2 * self.backoff_s, BACKOFF_MAX_S)
+            return False
+        if u is None or u > FLOOR_U or throttled is not True or temp_c is None:
+            self._since = self._start_c = None
+            return False
+        if self._since is None or self._start_c is None or temp_c <= self._start_c - FALL_C:
+            self._since, self._start_c = t, temp_c  # (again:) falling means the cut works
+            return False
+        if t - self._since < WINDOW_S:
+            return False
+        self.aside_t = t
+        return True
