@@ -31,6 +31,7 @@ class State(StrEnum):
 
 
 PRIORITY: tuple[State, ...] = (State.CRITICAL, State.HOT, State.LOW_BATTERY, State.SUSTAINED, State.IDLE)
+RANK = {s: i for i, s in enumerate(PRIORITY)}  # 0 = safest
 
 KvType = Literal["f16", "q8_0", "q4_0"]
 

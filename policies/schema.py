@@ -5,7 +5,7 @@ State names come from `policies.decision.State`; `states` is keyed by them so no
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_serializer, field_validator, model_validator
 
@@ -94,6 +94,25 @@ class Profile(StrictModel):
     def rate_range(self) -> tuple[float | None, float | None]:
         """(min_tokens_per_s, max_tokens_per_s): the PI controller's bounds on the rate cap."""
         return self.min_tokens_per_s, self.max_tokens_per_s
+
+
+class Limits(NamedTuple):
+    """A profile as the tick uses it: plain values, cheap to copy (a pydantic copy per tick would dominate)."""
+
+    state: State
+    threads: int
+    n_ctx: int
+    kv_rank: int
+    model: str
+    rate: float | None
+
+    @classmethod
+    def of(cls, state: State, p: Profile) -> Limits:
+        return cls(state, p.thread_limit, p.n_ctx, KV_ORDER.index(p.kv_type), p.model, p.max_tokens_per_s)
+
+    def at(self, threads: int, rate: float | None) -> Limits:
+        """This profile with other threads and rate cap (`_replace`, at a third of its cost)."""
+        return Limits(self.state, threads, self.n_ctx, self.kv_rank, self.model, rate)
 
 
 ALL = "all"  # a profile's `threads = "all"`
