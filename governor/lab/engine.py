@@ -21,6 +21,8 @@ from governor.lab import restart, swap
 from governor.lab.adapters import SimPool
 from governor.lab.conversation import Conversation
 from governor.lab.device import MB, CpuSpec, EngineSpec, SimModelSpec
+from governor.lab.procmem import ProcessMemory
+from governor.lab.speed import UNPLACED, decode_rate, place, prefill_rate
 from governor.lab.stats import EngineStats, batch_efficiency
 from governor.lab.swap import WarmSwap
 from governor.lab.workload import Request
@@ -33,13 +35,10 @@ class EngineSim:
     def __init__(self, spec: EngineSpec, cpu: CpuSpec) -> None:
         self.spec = spec
         self.cpu = cpu
-        self._big = self._little = 0  # threads on big and on little cores
-        self._speed = 0.0  # big-core equivalents at f_max
+        self.placed = UNPLACED  # the threads on the cores
         self._prefill_eff = 1.0  # prompt evaluation speed at this n_batch relative to 512
-        self._kv_per_tok = self._weights = 0.0
-        self._footprint = 0  # bytes the process takes once loaded with the current config
-        self.room_bytes = float("inf")  # what other programs leave (the world sets it each step)
-        self._cached: set[str] = set()  # models read once stay in the page cache (mmap) unless memory runs out
+        self._kv_per_tok = 0.0
+        self.memory = ProcessMemory(spec)
         self.config: EngineConfig | None = None
         self.affinity: tuple[int, ...] | None = None  # the CPUs the threads may run on (None: any)
         self._swap: WarmSwap | None = None  # a KV type change being built beside the answering context
@@ -58,8 +57,6 @@ class EngineSim:
         self.answer_done = 0.0  # tokens of the current answer so far
         self.stats = EngineStats()
         self.finished: list[float] = []  # times answers ended (or failed), for the chat driver
-        self.window_tokens = 0.0  # since the last observe()
-        self.window_decode_s = 0.0
         self.uncapped_tokens_per_s: float | None = None  # the last decode speed without the rate cap (measured)
         self.prefill_tokens_per_s: float | None = None  # the last prefill speed
         sizes = {a.name: a.size_mb for a in spec.adapter}
@@ -108,9 +105,7 @@ class EngineSim:
         self._set(config)
         self.stats.restarts += 1
         assert self.tier is not None
-        cached = self.tier.name in self._cached
-        weights = self.tier.weights_mb / (self.spec.cached_load_mb_s if cached else self.spec.load_mb_s)
-        self._cached.add(self.tier.name)
+        weights = self.memory.read_s(self.tier)
         if restart.restorable(old, config, self.chat.ctx):
             self.stats.restores += 1
             kv_s = self.chat.ctx * self._kv_per_tok / (self.spec.cached_load_mb_s * MB)
@@ -124,8 +119,7 @@ class EngineSim:
         self.tier = tier = self.spec.tier(config.model)
         self._place()
         self._kv_per_tok = tier.kv_bytes_per_token(config.kv_type)
-        self._weights = tier.weights_mb * MB
-        self._footprint = self.spec.footprint_bytes(tier, config.n_ctx, config.kv_type, config.n_batch)
+        self.memory.set(tier, config)
         self._prefill_eff = batch_efficiency(config.n_batch)
         self.pool.resize(config.lora_pool_mib * MB)
 
@@ -138,22 +132,8 @@ class EngineSim:
                 self._place()
 
     def _place(self) -> None:
-        """Threads on cores: big first among the CPUs allowed (CPUs 0..big-1 are big, as the snapshot's clusters
-        say). More threads than allowed CPUs share them: each runs a share of a core and waits at every step's
-        barrier for the descheduled ones (barrier_efficiency, as beside another process)."""
         assert self.config is not None
-        cpu = self.cpu
-        big_cores = cpu.cores - cpu.little_cores
-        allowed = range(cpu.cores) if self.affinity is None else [c for c in self.affinity if 0 <= c < cpu.cores]
-        big_ok = sum(c < big_cores for c in allowed) or (0 if allowed else big_cores)
-        little_ok = len(allowed) - sum(c < big_cores for c in allowed) if allowed else cpu.little_cores
-        threads = self.config.threads
-        self._big = min(threads, big_ok)
-        self._little = min(threads - self._big, little_ok)
-        placed = self._big + self._little
-        pace = cpu.little_speed if self._little else 1.0
-        crowded = 1.0 if threads <= placed else placed / threads * self.spec.barrier_efficiency
-        self._speed = threads * pace * crowded
+        self.placed = place(self.cpu, self.config.threads, self.affinity, self.spec.barrier_efficiency)
 
     def _resize(self, t: float) -> None:
         """An n_ctx (or n_batch) change with the same model and KV type: a new context, the sequence's cache copied
@@ -177,9 +157,7 @@ class EngineSim:
         load_s = self.spec.context_s
         if weights:
             self.loaded = False
-            cached = self.tier.name in self._cached
-            load_s += self.tier.weights_mb / (self.spec.cached_load_mb_s if cached else self.spec.load_mb_s)
-            self._cached.add(self.tier.name)
+            load_s += self.memory.read_s(self.tier)
         self.ready_s = t + delay_s + load_s
         if weights:  # llama.cpp freed the adapters with the old model; the next request loads its own again
             self.pool.forget()
@@ -202,10 +180,10 @@ class EngineSim:
             old,
             config,
             tier=self.tier,
-            threads=self._big + self._little,
+            threads=self.placed.big + self.placed.little,
             tokens=self.chat.ctx + self.prefill_left,
             answer_left=self.answer_left,
-            available=self.room_bytes - self.resident_bytes(),
+            available=self.memory.room_bytes - self.resident_bytes(),
             now=t,
             context_s=self.spec.context_s,
         )
@@ -266,38 +244,30 @@ class EngineSim:
         self.chat.pending, self.chat.ctx = self.chat.ctx + self.chat.pending, 0.0
 
     def footprint_bytes(self) -> int:
-        return self._footprint + int(self.pool.held_bytes())
+        return self.memory.footprint + int(self.pool.held_bytes())
+
+    def _beside(self) -> tuple[float, float]:
+        """What the process holds beside its settings' footprint: the LoRA pool, a warm swap's second context."""
+        return self.pool.held_bytes(), self._swap.extra_bytes if self._swap is not None else 0.0
 
     def unreclaimable_bytes(self) -> float:
-        """What the kernel cannot take back from the loaded process short of killing it (EngineSpec.weights_reclaimable:
-        the mapped weights are page cache)."""
-        own = self._footprint - self._weights if self.spec.weights_reclaimable else float(self._footprint)
-        return own + self.pool.held_bytes() + (self._swap.extra_bytes if self._swap is not None else 0.0)
-
-    def _evicted_bytes(self) -> float:
-        """Weights the page cache could not keep in the room left: read from storage again at every token."""
-        if not self.spec.weights_reclaimable:
-            return 0.0
-        return max(0.0, self._weights - max(0.0, self.room_bytes - self.unreclaimable_bytes()))
+        """What the kernel cannot take back from the loaded process short of killing it (governor.lab.procmem)."""
+        return self.memory.unreclaimable(*self._beside())
 
     def resident_bytes(self) -> int:
-        """The process's memory: all of it once loaded (a warm swap's second context too), its runtime alone while
-        paused (model unloaded)."""
+        """The process's memory: all of it once loaded (governor.lab.procmem), its runtime alone while paused (model
+        unloaded)."""
         if self.loaded:
-            swap = self._swap.extra_bytes if self._swap is not None else 0.0
-            return int(self._footprint + self.pool.held_bytes() + swap - self._evicted_bytes())
+            return self.memory.resident(*self._beside())
         return int(self.spec.overhead_mb * MB) if self.paused else 0
 
     def anon_bytes(self) -> int:
         """Of resident_bytes, what is not the mapped weights' page cache (the kernel's RssAnon)."""
-        if not self.loaded:
-            return self.resident_bytes()
-        weights = self._weights - self._evicted_bytes() if self.spec.weights_reclaimable else 0.0
-        return max(0, int(self.resident_bytes() - weights))
+        return self.memory.anon(*self._beside()) if self.loaded else self.resident_bytes()
 
     def memory_left(self, room_bytes: float, t: float) -> None:
         """Other programs leave `room_bytes`: the kernel kills the process once what it cannot reclaim exceeds it."""
-        self.room_bytes = room_bytes
+        self.memory.room_bytes = room_bytes
         if self.loaded and self.unreclaimable_bytes() > room_bytes:
             self.oom_kill(t)
 
@@ -305,7 +275,7 @@ class EngineSim:
         """The kernel kills the process: the answer in progress is lost; the daemon starts it again."""
         self.stats.oom_kills += 1
         self._drop_swap()
-        self._cached.clear()  # memory ran out: the page cache was dropped first
+        self.memory.drop_cache()
         if self.current is not None:
             self.stats.failed += 1
             self.stats.lost_tokens += self.answer_done
@@ -352,8 +322,7 @@ class EngineSim:
 
     def share(self, background: float) -> float:
         """Each engine thread's share of a core while it runs beside `background` cores' worth of other work."""
-        runnable = self._big + self._little + background
-        return 1.0 if runnable <= self.cpu.cores else self.cpu.cores / runnable
+        return self.placed.share(self.cpu.cores, background)
 
     def step(  # noqa: PLR0915 (hot path)
         self, t: float, h: float, freq_ratio: float, background: float = 0.0
@@ -368,19 +337,20 @@ class EngineSim:
         cfg, tier = self.config, self.tier
         share = self.share(background)
         slowdown = 1.0 if share >= 1.0 else share * self.spec.barrier_efficiency
-        compute = self._speed * freq_ratio * slowdown
-        kv_per_tok, weights = self._kv_per_tok, self._weights
+        placed = self.placed
+        compute = placed.speed * freq_ratio * slowdown
+        kv_per_tok, weights = self._kv_per_tok, self.memory.weights
         # Thrashing: the evicted weights come from storage once per decoded token and once per prompt batch.
-        reread_s = self._evicted_bytes() / (self.spec.load_mb_s * MB)
+        reread_s = self.memory.evicted(*self._beside()) / (self.spec.load_mb_s * MB)
         now = max(t, self.ready_s)
         end = t + h
         busy = 0.0  # seconds of all threads' work
-        n = self._big + self._little
+        n = placed.big + placed.little
         while now < end - 1e-12:
             sw = self._swap
             if sw is not None and sw.due(now, self.chat.ctx + self.prefill_left):
                 duty = busy / h * share
-                big, little = self._big * duty, self._little * duty
+                big, little = placed.big * duty, placed.little * duty
                 self._switch(now)  # a new config: the rest of the step runs with it
                 more = self.step(now, end - now, freq_ratio, background)
                 return big + more[0] * (end - now) / h, little + more[1] * (end - now) / h
@@ -414,9 +384,7 @@ class EngineSim:
                 self._stall -= spent
                 busy += spent * on
             elif self.prefill_left > 0:
-                computing = rate = compute * on * tier.prefill_thread_tok_s * self._prefill_eff
-                if reread_s:
-                    rate = 1.0 / (1.0 / rate + reread_s / cfg.n_batch)
+                rate, computing = prefill_rate(compute * on, tier, self._prefill_eff, reread_s, cfg.n_batch)
                 self.prefill_tokens_per_s = rate
                 spent = min(left, self.prefill_left / rate)
                 done = rate * spent
@@ -428,10 +396,10 @@ class EngineSim:
                     self.prefill_left = 0.0
             else:
                 assert self.current is not None
-                bandwidth = self.spec.bandwidth_gb_s * 1e9 / (weights + kv_per_tok * self.chat.ctx)
-                computing = limit = min(compute * on * tier.thread_tok_s, bandwidth * slowdown)
-                if reread_s:
-                    limit = 1.0 / (1.0 / limit + reread_s)
+                limit, computing = decode_rate(
+                    compute * on, tier, bandwidth_gb_s=self.spec.bandwidth_gb_s,
+                    bytes_per_token=weights + kv_per_tok * self.chat.ctx, slowdown=slowdown, reread_s=reread_s,
+                )  # fmt: skip
                 self.uncapped_tokens_per_s = limit
                 rate = min(limit, cfg.max_tokens_per_s) if cfg.max_tokens_per_s else limit
                 spent = min(left, self.answer_left / rate)
@@ -442,11 +410,7 @@ class EngineSim:
                 self.answer_left -= done
                 self.answer_done += done
                 self.chat.ctx += done
-                self.stats.tokens += done
-                self.stats.decode_s += spent
-                self.window_tokens += done
-                self.window_decode_s += spent
-                self.stats.rate_samples.append((rate, spent))
+                self.stats.decoded(done, spent, rate)
                 busy += spent * rate / computing * on
                 if self.answer_left <= 1e-9:
                     self.chat.history = self.chat.ctx
@@ -460,12 +424,4 @@ class EngineSim:
                 busy += spent * sw.threads / n
             now += spent
         duty = busy / h * share  # a descheduled thread is not running (spinning at the barrier counts as running)
-        return self._big * duty, self._little * duty
-
-    def take_rate(self) -> float | None:
-        """Mean decode tokens/s since the last call (what the engine's stats endpoint would report)."""
-        if self.window_decode_s <= 0:
-            return None
-        rate = self.window_tokens / self.window_decode_s
-        self.window_tokens = self.window_decode_s = 0.0
-        return rate
+        return self.placed.big * duty, self.placed.little * duty  # a deferred restart may have placed them anew

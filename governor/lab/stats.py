@@ -1,5 +1,5 @@
 """What the simulated engine counts (`EngineStats`, which a run's Summary reads) and its prompt evaluation speed per
-n_batch (`batch_efficiency`); the speed model itself is governor.lab.engine's."""
+n_batch (`batch_efficiency`); the speed model itself is governor.lab.speed's."""
 
 from __future__ import annotations
 
@@ -36,3 +36,21 @@ class EngineStats:
     shifts: int = 0  # context shifts (the oldest half of the cache dropped, the rest kept)
     ttft_s: list[float] = field(default_factory=list)
     rate_samples: list[tuple[float, float]] = field(default_factory=list)  # (tokens/s, seconds) while decoding
+    window_tokens: float = 0.0  # decoded since the last take_rate() (the engine's stats endpoint)
+    window_decode_s: float = 0.0
+
+    def decoded(self, tokens: float, seconds: float, rate: float) -> None:
+        """`tokens` decoded in `seconds` at `rate` tokens/s."""
+        self.tokens += tokens
+        self.decode_s += seconds
+        self.window_tokens += tokens
+        self.window_decode_s += seconds
+        self.rate_samples.append((rate, seconds))
+
+    def take_rate(self) -> float | None:
+        """Mean decode tokens/s since the last call (what the engine's stats endpoint would report)."""
+        if self.window_decode_s <= 0:
+            return None
+        rate = self.window_tokens / self.window_decode_s
+        self.window_tokens = self.window_decode_s = 0.0
+        return rate

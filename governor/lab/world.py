@@ -323,7 +323,7 @@ class SimulatedEngine:
             )
         return EngineObservation(
             busy=engine.busy(),
-            tokens_per_s=engine.take_rate(),
+            tokens_per_s=engine.stats.take_rate(),
             model=engine.config.model,
             rss_bytes=engine.resident_bytes(),  # 0 while loading: the snapshot's available memory holds it all
             anon_bytes=engine.anon_bytes(),
