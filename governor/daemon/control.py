@@ -5,40 +5,33 @@ keep the connection open: `hold` (the hold lives exactly as long as the connecti
 (one TraceRecord line per tick); so does `watch` (the status after each tick, at most one a second, with the
 decisions made since: what `governor top` and the dashboard draw). `GET /metrics` in HTTP/1.x is answered with
 Prometheus text, so `curl --unix-socket SOCK http://governor/metrics` works too.
+
+This module is the protocol and the commands (one `CommandHandler` per connection); the server that accepts the
+connections, caps them and stops in phases is governor.daemon.controlserver.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import grp
 import json
-import os
 import queue
 import socket
 import socketserver
 import struct
 import threading
 import time
-from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from govbase.errors import GovernorError
-from governor.unixsock import check_private_dir, clear_stale_socket
 from policies.decision import Hold, HoldAsk, State
 from sensors.snapshot import TraceRecord
 
 POLL_S = 0.25  # how often a held connection checks its TTL and the server's shutdown
 READ_TIMEOUT_S = 5.0  # a connection must send its request line within this; an idle one is closed
 MAX_LINE = 65536
-# One thread per connection, capped: a local user opening connections and sending nothing cannot exhaust the
-# daemon's threads or file descriptors. Root and the daemon's own user get a reserve beyond the cap, so an
-# administrator's `governor status` still answers during a flood.
-MAX_CONNECTIONS = 32
-RESERVED_CONNECTIONS = 16
 DAY_S = 86400.0
 WATCH_EVERY_S = 1.0  # a watcher gets at most one status a second (hot ticks come four a second)
 WATCH_DECISIONS = 20  # the decisions a watcher gets with its first answer
@@ -117,11 +110,36 @@ def _bad_request(exc: ValidationError) -> str:
     return f"{'.'.join(loc)}: {msg}" if loc else msg
 
 
-class _Handler(socketserver.StreamRequestHandler):
-    server: _Server
+class Commands:
+    """What every connection's handler shares: the daemon's API, the stopping flag, the requests that failed inside
+    the daemon, and the status after the latest tick (built once for every watcher)."""
+
+    def __init__(self, api: ControlApi) -> None:
+        self.api = api
+        self.closing = threading.Event()
+        self.errors = 0  # requests that failed inside the daemon (logged with their traceback)
+        self._watched: tuple[TraceRecord | None, bytes] = (None, b"")  # the status after the latest tick, as JSON
+        self._watched_lock = threading.Lock()
+
+    def status_after(self, tick: TraceRecord) -> bytes:
+        """The status after `tick` as JSON, built once however many watchers ask (each got the same record object):
+        with `governor top` and a dashboard attached, building it per watcher doubled an idle daemon's CPU."""
+        with self._watched_lock:
+            if self._watched[0] is not tick:
+                self._watched = (tick, json.dumps(self.api.status()).encode())
+            return self._watched[1]
+
+
+class CommandHandler(socketserver.StreamRequestHandler):
+    """One connection: its request line, answered per command (governor.daemon.controlserver accepts it)."""
+
     timeout = READ_TIMEOUT_S  # applied to the socket in setup(): no connection waits forever for a line
     _pending: bytearray
     _deadline: float
+
+    def __init__(self, request: Any, client_address: Any, server: socketserver.BaseServer, *, shared: Commands) -> None:
+        self.shared = shared  # before the base class's __init__, which handles the request
+        super().__init__(request, client_address, server)
 
     def _line(self, deadline: float) -> bytes:
         """One line (at most MAX_LINE bytes) that must be complete by `deadline`: the socket's timeout bounds each
@@ -169,7 +187,7 @@ class _Handler(socketserver.StreamRequestHandler):
             pass  # headers, within the same READ_TIMEOUT_S as the request line
         self.request.settimeout(READ_TIMEOUT_S)
         if path == "/metrics":
-            body, status = self.server.api.metrics().encode(), "200 OK"
+            body, status = self.shared.api.metrics().encode(), "200 OK"
             ctype = "text/plain; version=0.0.4; charset=utf-8"
         else:
             body, status, ctype = b"only GET /metrics is served over HTTP\n", "404 Not Found", "text/plain"
@@ -177,7 +195,7 @@ class _Handler(socketserver.StreamRequestHandler):
         self.wfile.write(head.encode() + body)
 
     def _json(self, line: str) -> None:
-        api = self.server.api
+        api = self.shared.api
         try:
             req = _REQUEST.validate_json(line)
         except ValidationError as exc:
@@ -204,12 +222,12 @@ class _Handler(socketserver.StreamRequestHandler):
             self._send({"ok": False, "error": f"bad request: {exc}"})
         except Exception as exc:  # one request's bug must not take the server down: log it, answer, carry on
             structlog.get_logger("governor.control").exception("control request failed", cmd=req.cmd)
-            self.server.errors += 1
+            self.shared.errors += 1
             with contextlib.suppress(OSError):
                 self._send({"ok": False, "error": f"internal error: {type(exc).__name__}: {exc}"})
 
     def _hold(self, req: _Hold) -> None:
-        api = self.server.api
+        api = self.shared.api
         if not req.asks():
             *some, last = HoldAsk.model_fields
             self._send({"ok": False, "error": f"bad request: a hold needs a {', '.join(some)} or {last}"})
@@ -224,7 +242,7 @@ class _Handler(socketserver.StreamRequestHandler):
         try:
             self._send({"ok": True, "hold": cookie, "owner": hold.owner, "expires_t": hold.expires_t})
             self.request.settimeout(POLL_S)
-            while not self.server.closing.is_set():
+            while not self.shared.closing.is_set():
                 if hold.expires_t is not None and api.now() >= hold.expires_t:
                     why = "ttl"
                     break
@@ -243,11 +261,11 @@ class _Handler(socketserver.StreamRequestHandler):
             structlog.get_logger("governor.control").info("hold released", hold=cookie, owner=hold.owner, why=why)
 
     def _record(self) -> None:
-        api = self.server.api
+        api = self.shared.api
         q = api.subscribe()
         try:
             self._send({"ok": True})
-            while not self.server.closing.is_set():
+            while not self.shared.closing.is_set():
                 try:
                     record = q.get(timeout=POLL_S)
                 except queue.Empty:
@@ -263,7 +281,7 @@ class _Handler(socketserver.StreamRequestHandler):
         """The status and the last decisions, then after each tick the status again with the decisions made since,
         at most every WATCH_EVERY_S. The thread sleeps on the tick feed between lines: a watcher costs the daemon
         one line a tick (a calm daemon ticks every 5 s), nothing while nothing happens."""
-        api, closing = self.server.api, self.server.closing
+        api, closing = self.shared.api, self.shared.closing
         ticks = api.subscribe()
         try:
             decisions = api.why(WATCH_DECISIONS)
@@ -285,7 +303,7 @@ class _Handler(socketserver.StreamRequestHandler):
                     break
                 new = _decisions_after(api, seen)
                 seen = new[-1]["t"] if new else seen
-                status = self.server.status_after(tick)
+                status = self.shared.status_after(tick)
                 self.wfile.write(
                     b'{"wall": %r, "status": %s, "decisions": %s}\n' % (time.time(), status, json.dumps(new).encode())
                 )
@@ -316,141 +334,3 @@ def _decisions_after(api: ControlApi, seen_t: float | None) -> list[dict[str, An
         if seen_t is None or len(decisions) < n or decisions[0]["t"] <= seen_t or n >= WATCH_DECISIONS:
             return [d for d in decisions if seen_t is None or d["t"] > seen_t]
         n = min(n * 4, WATCH_DECISIONS)
-
-
-class _Server(socketserver.ThreadingUnixStreamServer):
-    daemon_threads = True
-    block_on_close = False
-
-    def __init__(self, path: str, api: ControlApi) -> None:
-        self.api = api
-        self.closing = threading.Event()
-        self._conns: set[socket.socket] = set()
-        self._conns_lock = threading.Lock()
-        self.errors = 0  # requests that failed inside the daemon (logged with their traceback)
-        self.refused = 0  # connections refused over the cap
-        self._log = structlog.get_logger("governor.control")
-        self._fd_warned = 0.0
-        self._watched: tuple[TraceRecord | None, bytes] = (None, b"")  # the status after the latest tick, as JSON
-        self._watched_lock = threading.Lock()
-        super().__init__(path, _Handler)
-
-    def status_after(self, tick: TraceRecord) -> bytes:
-        """The status after `tick` as JSON, built once however many watchers ask (each got the same record object):
-        with `governor top` and a dashboard attached, building it per watcher doubled an idle daemon's CPU."""
-        with self._watched_lock:
-            if self._watched[0] is not tick:
-                self._watched = (tick, json.dumps(self.api.status()).encode())
-            return self._watched[1]
-
-    def get_request(self) -> tuple[socket.socket, Any]:
-        try:
-            return super().get_request()
-        except OSError as exc:
-            if exc.errno in (errno.EMFILE, errno.ENFILE):
-                # Out of file descriptors: the listening socket stays readable, so pause instead of spinning.
-                now = time.monotonic()
-                if now - self._fd_warned > 60:
-                    self._fd_warned = now
-                    self._log.error("cannot accept a control connection: out of file descriptors")
-                time.sleep(0.1)
-            raise
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        cred = peer_credentials(request)
-        trusted = cred is not None and cred[1] in (0, os.geteuid())
-        with self._conns_lock:
-            active = len(self._conns)
-            admit = active < MAX_CONNECTIONS or (trusted and active < MAX_CONNECTIONS + RESERVED_CONNECTIONS)
-            if admit:
-                self._conns.add(request)
-        if not admit:
-            self.refused += 1
-            with contextlib.suppress(OSError):
-                request.settimeout(0.1)
-                request.sendall(b'{"ok": false, "error": "too many connections; try again later"}\n')
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except Exception:
-            with self._conns_lock:
-                self._conns.discard(request)
-            raise
-
-    def close_request(self, request: Any) -> None:
-        with self._conns_lock:
-            self._conns.discard(request)
-        super().close_request(request)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        self.errors += 1
-        self._log.exception("control connection failed")
-
-    def server_bind(self) -> None:
-        # Bound under a tight umask so the socket is never, even briefly, more open than asked.
-        old = os.umask(0o177)
-        try:
-            super().server_bind()
-        finally:
-            os.umask(old)
-
-    def close_connections(self) -> None:
-        with self._conns_lock:
-            conns = list(self._conns)
-        for conn in conns:
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
-
-
-class ControlServer:
-    def __init__(self, path: Path, api: ControlApi, *, mode: int = 0o600, group: str | None = None) -> None:
-        self.path = path
-        if len(os.fsencode(path)) >= 108:
-            raise ControlError(f"{path}: a Unix socket path must be shorter than 108 bytes")
-        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        check_private_dir(path.parent, ControlError)
-        clear_stale_socket(
-            path, lambda reason: ControlError(f"{path}: {reason}"), in_use="another governor is already listening there"
-        )
-        try:
-            gid = grp.getgrnam(group).gr_gid if group else -1
-        except KeyError:
-            raise ControlError(f"control socket group {group!r} does not exist") from None
-        self._server = _Server(str(path), api)
-        if group:
-            mode |= 0o060
-            os.chown(path, -1, gid)
-        os.chmod(path, mode)
-        # No poll interval: an idle daemon's accept loop sleeps in select() until a client comes (a 0.25 s poll was
-        # half of an idle daemon's CPU); `stop_accepting` wakes it with a connection of its own.
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(None,), name="control", daemon=True)
-        self._closed = False
-
-    def start(self) -> None:
-        self._thread.start()
-
-    @property
-    def errors(self) -> int:
-        return self._server.errors
-
-    def stop_accepting(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._thread.is_alive():
-            stopper = threading.Thread(target=self._server.shutdown, name="control-stop")  # asks, then waits
-            stopper.start()
-            while stopper.is_alive():  # the loop sees the request once select() returns: give it a connection
-                with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as poke:
-                    poke.connect(str(self.path))  # an empty request: the handler ends without a word
-                stopper.join(0.05)
-        self._server.server_close()
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
-
-    def close(self) -> None:
-        """Stop accepting, then end open connections (holds are released, recorders see EOF)."""
-        self.stop_accepting()
-        self._server.closing.set()
-        self._server.close_connections()

@@ -22,7 +22,7 @@ import structlog
 from govbase.errors import GovernorError
 from governor.clock import Clock
 from governor.daemon.config import DaemonConfig
-from governor.daemon.control import ControlServer
+from governor.daemon.controlserver import ControlServer
 from governor.daemon.engine import SupervisedDecider, SupervisedEngine
 from governor.daemon.holds import HoldRegistry
 from governor.daemon.metrics import DaemonMetrics

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from governor.daemon.control import MAX_CONNECTIONS, READ_TIMEOUT_S, ControlError, ControlServer
+from governor.daemon.control import READ_TIMEOUT_S, ControlError
+from governor.daemon.controlserver import MAX_CONNECTIONS, ControlServer
 from governor.engine.client import EngineClient
 from tests.faults.conftest import FAULT_POLICY, opened_to_others
 from tests.governor.daemon.daemon_proc import DaemonProc

@@ -16,7 +16,8 @@ import pytest
 
 from governor.clock import RealClock
 from governor.daemon.client import ControlClient
-from governor.daemon.control import ControlError, ControlServer
+from governor.daemon.control import ControlError
+from governor.daemon.controlserver import ControlServer
 from governor.daemon.holds import HoldRegistry
 from governor.daemon.state import DaemonState
 from policies.decision import Decision, EngineConfig, Hold, State

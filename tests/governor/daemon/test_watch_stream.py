@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from governor.daemon.client import ControlClient, Stream
-from governor.daemon.control import WATCH_DECISIONS, ControlError, ControlServer
+from governor.daemon.control import WATCH_DECISIONS, ControlError
+from governor.daemon.controlserver import ControlServer
 from policies.decision import State
 from sensors.snapshot import EngineObservation, Snapshot, Temperature, Trip
 from tests.governor.daemon import test_control
