@@ -40,7 +40,7 @@ Send = Callable[[Message], Awaitable[None]]
 
 
 def error_body(message: str, code: str) -> bytes:
-    """The OpenAI error shape, as the engine itself answers it (governor.engine.app.error)."""
+    """The OpenAI error shape, as the engine itself answers it (governor.engine.httpio.error)."""
     return json.dumps({"error": {"message": message, "type": "server_error", "param": None, "code": code}}).encode()
 
 

@@ -1,7 +1,8 @@
 """The HTTP side: an OpenAI-compatible chat and completions API and the engine's control API, on the event loop.
 
 Requests are validated once (pydantic, strict), never per token; an answer's way out (the worker → loop hand-off,
-the SSE response) is governor.engine.stream.
+the SSE response) is governor.engine.stream; the OpenAI error shape and the bounded request bodies are
+governor.engine.httpio.
 """
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ import asyncio
 import math
 import os
 import time
-from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import psutil
 from pydantic import BaseModel, ConfigDict, StringConstraints, TypeAdapter, ValidationError
@@ -28,27 +28,12 @@ from governor.engine.config import Applied, ConfigRefused, resolve
 from governor.engine.events import Ended, Event, Failed, ModelChanged, Started, Text, Trimmed
 from governor.engine.feed import StatusFeed
 from governor.engine.grammar import Constraint, SchemaRefused, constraint, pointer_to_param
+from governor.engine.httpio import error, parse_body, validation_error
 from governor.engine.jobs import ConfigJob, Job
 from governor.engine.replies import CompletionReply, Reply, ToolReply
 from governor.engine.stream import Events, EventStream, sse, stream_interval_s, watch_disconnect
 from governor.engine.worker import Worker
 from policies.decision import EngineConfig
-
-
-def error(
-    status: int,
-    message: str,
-    *,
-    param: str | None = None,
-    code: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> JSONResponse:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    if status == 429:
-        kind = "rate_limit_error"
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
-
 
 MAX_CHAT_BODY = 8 << 20  # bytes; the largest context (1M tokens) is about 4 MB of text
 MAX_CONFIG_BODY = 64 << 10
@@ -62,51 +47,6 @@ class Pause(BaseModel):
 
 
 _PAUSE: TypeAdapter[Pause] = TypeAdapter(Pause)
-
-
-T = TypeVar("T")
-
-
-class BodyTooLarge(Exception):
-    pass
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused (413) before reading when Content-Length says it is too large, and while reading
-    when a chunked body grows past `limit`: a 50 MB body never sits in the engine's memory."""
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > limit):
-        raise BodyTooLarge
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def parse_body(request: Request, limit: int, parse: Callable[[bytes], T]) -> T | Response:
-    """The body read (at most `limit` bytes) and parsed by `parse`, or the 413 / 400 answer that says what was wrong."""
-    try:
-        return parse(await read_body(request, limit))
-    except BodyTooLarge:
-        return too_large(limit)
-    except ValidationError as exc:
-        return validation_error(exc)
-
-
-def too_large(limit: int) -> JSONResponse:
-    return error(413, f"request body larger than {limit} bytes", code="body_too_large")
-
-
-def validation_error(exc: ValidationError) -> JSONResponse:
-    err = exc.errors(include_url=False)[0]
-    if err["type"] == "json_invalid":
-        return error(400, f"malformed JSON body: {err['msg']}", code="invalid_json")
-    where = ".".join(str(p) for p in err["loc"]) or None
-    return error(400, f"{where or 'body'}: {err['msg']}", param=where, code=err["type"])
 
 
 class EngineApp:
