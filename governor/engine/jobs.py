@@ -28,7 +28,7 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     load_s: float = 0.0  # time the worker spent loading the model for this job (set before its Started event)
     adapter: str | None = None  # the LoRA adapter the answer runs with (None: the base model)
-    skipped: int = 0  # times a later job went first because its adapter was the one in use (worker._regroup)
+    skipped: int = 0  # times a later job went first because its adapter was the one in use (governor.engine.jobqueue)
 
 
 @dataclass(eq=False)
