@@ -7,8 +7,6 @@ import ctypes
 import ctypes.util
 import functools
 import gc
-import re
-import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -21,6 +19,7 @@ from llama_cpp.llama_chat_format import CHATML_CHAT_TEMPLATE, Jinja2ChatFormatte
 from llama_cpp.llama_grammar import LlamaGrammar
 
 from governor.engine.adapterspec import AdapterError, AdapterSpec
+from governor.engine.binding import Llama, llama_log, malloc_trim, weight_buffers
 from governor.engine.config import GGML_TYPE, ModelSpec, head_dim, learn_head_dim
 from governor.engine.extra_buffers import ExtraBuffers, choose, library_has_amx
 from governor.engine.plan import cache_fits
@@ -34,63 +33,6 @@ class ModelLoadError(Exception):
     pass
 
 
-class _Llama(llama_cpp.Llama):
-    """`Llama` whose next sampler first accepts `replay` (the answer's tokens so far): after a rebuilt context the
-    grammar (structured output, tool calls) and the repetition penalties go on from where the answer is, instead of
-    from its start. `generate()` builds the sampler lazily, at its first step, so the tokens are handed over here."""
-
-    replay: Sequence[int] = ()
-
-    def __init__(
-        self,
-        *args: Any,
-        on_progress: Callable[[float], None] | None = None,
-        extra_buffers: bool = True,
-        **kwargs: Any,
-    ) -> None:
-        self._on_progress = on_progress
-        self._extra_buffers = extra_buffers
-        super().__init__(*args, **kwargs)
-
-    # `Llama` takes no progress callback (llama-cpp-python 0.3.36; upstream PR #2340 adds one). Its __init__ assigns
-    # `self.model_params` once, before it loads the model: this setter puts llama.cpp's callback into that struct.
-    @property
-    def model_params(self) -> Any:
-        return self._model_params
-
-    # The same way, `use_extra_bufts` (no `Llama` argument either; see governor.engine.extra_buffers): llama.cpp's
-    # default is true.
-    @model_params.setter
-    def model_params(self, params: Any) -> None:
-        params.use_extra_bufts = self._extra_buffers
-        on_progress = self._on_progress
-        if on_progress is not None:
-
-            def progress(fraction: float, _data: object) -> bool:
-                on_progress(fraction)
-                return True  # go on loading
-
-            self._progress_cb = llama_cpp.llama_progress_callback(progress)  # kept alive with the model
-            params.progress_callback = self._progress_cb
-        self._model_params = params
-
-    evaluated = 0  # tokens llama.cpp has evaluated in this context (prompts, re-evaluations, decoded tokens)
-
-    def eval(self, tokens: Sequence[int]) -> None:
-        before = self.n_tokens
-        try:
-            super().eval(tokens)
-        finally:  # an aborted evaluation still counts the batches it completed
-            self.evaluated += self.n_tokens - before
-
-    def _init_sampler(self, *args: Any, **kwargs: Any) -> Any:
-        sampler = super()._init_sampler(*args, **kwargs)
-        for token in self.replay:
-            llama_cpp.llama_sampler_accept(sampler.sampler, token)
-        self.replay = ()
-        return sampler
-
-
 def extra_buffers_for(mode: ExtraBuffersMode = "auto", root: Root | None = None) -> ExtraBuffers:
     """The engine's extra-buffers decision: `mode` against this machine's CPU (`root`'s /proc/cpuinfo) and the
     llama.cpp library loaded in this process (whether it has AMX kernels, from its own system info)."""
@@ -98,12 +40,12 @@ def extra_buffers_for(mode: ExtraBuffersMode = "auto", root: Root | None = None)
     return choose(mode, root or Root("/"), library_amx=library_has_amx(info))
 
 
-def open_llama(model_path: str | Path, *, extra_buffers: bool | None = None, **kwargs: Any) -> _Llama:
+def open_llama(model_path: str | Path, *, extra_buffers: bool | None = None, **kwargs: Any) -> Llama:
     """Every `Llama` the engine, its tests and its benchmarks build comes from here: `extra_buffers` None takes the
     engine's own "auto" decision (`extra_buffers_for`), so a test's load takes the same CPU path as the engine's."""
     if extra_buffers is None:
         extra_buffers = extra_buffers_for().enabled
-    return _Llama(model_path=str(model_path), extra_buffers=extra_buffers, **kwargs)
+    return Llama(model_path=str(model_path), extra_buffers=extra_buffers, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -135,7 +77,7 @@ class LoadedModel:
         self.kv_type = settings.kv_type
         self.weight_buffers_mib: dict[str, float] = {}  # where llama.cpp put the weights: AMX, CPU_REPACK, CPU...
         try:
-            with _weight_buffers(self.weight_buffers_mib):
+            with weight_buffers(self.weight_buffers_mib):
                 self.llm = open_llama(
                     spec.path,
                     n_ctx=settings.n_ctx,
@@ -191,7 +133,7 @@ class LoadedModel:
         """llama_adapter_lora_init: the adapter's matrices into a CPU buffer of this model (AdapterError with
         llama.cpp's reason when it refuses: another architecture, other shapes, a broken file)."""
         lines: list[str] = []
-        with _llama_log(lambda text: lines.append(text.decode(errors="replace").strip())):
+        with llama_log(lambda text: lines.append(text.decode(errors="replace").strip())):
             handle = llama_cpp.llama_adapter_lora_init(self.llm.model, str(spec.path).encode())
         if not handle:
             reason = next((ln.split(": ", 2)[-1] for ln in lines if "lora" in ln.lower() and "fail" in ln), "")
@@ -403,63 +345,10 @@ class LoadedModel:
         self.llm.close()
         del self.llm
         gc.collect()
-        _malloc_trim()
+        malloc_trim()
 
 
 def _common_prefix(a: Any, b: Any) -> int:
     n = min(len(a), len(b))
     differ = np.flatnonzero(a[:n] != b[:n])
     return int(differ[0]) if len(differ) else n
-
-
-_LOG_LOCK = threading.Lock()  # llama.cpp's log callback is process-wide
-
-
-_BUFFER_LINE = re.compile(rb"(\S+) model buffer size =\s*([0-9.]+) MiB")
-
-
-@contextlib.contextmanager
-def _weight_buffers(found: dict[str, float]) -> Iterator[None]:
-    """Collect llama.cpp's "<buffer type> model buffer size = N MiB" load lines into `found`: the buffer types the
-    weights really went to, as llama.cpp reports them (AMX or CPU_REPACK only with extra buffers on)."""
-
-    def record(text: bytes) -> None:
-        m = _BUFFER_LINE.search(text)
-        if m:
-            name = m[1].decode(errors="replace")
-            found[name] = round(found.get(name, 0.0) + float(m[2]), 2)
-
-    with _llama_log(record):
-        yield
-
-
-@contextlib.contextmanager
-def _llama_log(on_text: Callable[[bytes], None]) -> Iterator[None]:
-    """llama.cpp's log lines go to `on_text` too while this lasts (its log callback is process-wide)."""
-    from llama_cpp import _logger
-
-    @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
-    def record(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-        on_text(text)
-        _logger.llama_log_callback(level, text, user_data)  # llama-cpp-python's own handling, unchanged
-
-    with _LOG_LOCK:
-        llama_cpp.llama_log_set(record, ctypes.c_void_p(0))
-        try:
-            yield
-        finally:
-            llama_cpp.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
-
-
-def _malloc_trim() -> None:
-    """Give freed heap pages back to the OS now (glibc keeps them otherwise); a no-op without glibc."""
-    trim = _libc_malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _libc_malloc_trim() -> Any:
-    # find_library runs `ldconfig -p` in a subprocess: once per process is enough.
-    name = ctypes.util.find_library("c")
-    return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
