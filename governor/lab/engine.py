@@ -14,11 +14,10 @@ evaluates the conversation again, a KV type change mid-answer warm where the rea
 
 from __future__ import annotations
 
-from collections import deque
-
 from governor.engine import plan
 from governor.lab import restart, swap
 from governor.lab.adapters import SimPool
+from governor.lab.answering import Answering
 from governor.lab.conversation import Conversation
 from governor.lab.device import MB, CpuSpec, EngineSpec, SimModelSpec
 from governor.lab.procmem import ProcessMemory
@@ -50,20 +49,14 @@ class EngineSim:
         self.waiting: str | None = None  # the decision's engine_wait: stop once the answer in progress is done
         self.ready_s = 0.0  # loading (or restarting) until then
         self.chat = Conversation()  # the conversation as the process holds it (the KV cache) and must evaluate
-        self.queue: deque[Request] = deque()
-        self.current: Request | None = None
-        self.prefill_left = 0.0
-        self.answer_left = 0.0
-        self.answer_done = 0.0  # tokens of the current answer so far
         self.stats = EngineStats()
-        self.finished: list[float] = []  # times answers ended (or failed), for the chat driver
+        self.answering = Answering(self.stats)  # the queue, the answer in progress
         self.uncapped_tokens_per_s: float | None = None  # the last decode speed without the rate cap (measured)
         self.prefill_tokens_per_s: float | None = None  # the last prefill speed
         sizes = {a.name: a.size_mb for a in spec.adapter}
         self.pool = SimPool(
             sizes, switch_s=spec.adapter_switch_s, load_mb_s=spec.load_mb_s, cached_mb_s=spec.cached_load_mb_s
         )
-        self._stall = 0.0  # seconds the answer starting waits for its adapter (a switch, a load)
 
     # --- control (the loop's actuator, governor.lab.world.SimulatedEngine) ---
 
@@ -95,7 +88,7 @@ class EngineSim:
         the server restarts: its start, the weights from the page cache (from storage for a model not read before),
         the context, and the slot restored (read back) where llama.cpp can load it; else the conversation is
         evaluated again before the next turn."""
-        if self.current is not None or self.stopped:
+        if self.answering.current is not None or self.stopped:
             self._deferred = config  # the latest asked for goes at the answer's end (or the next start)
             if self.stopped:
                 self._set(config)
@@ -145,8 +138,9 @@ class EngineSim:
             return
         self.stats.resizes += 1
         self.ready_s = max(self.ready_s, t + self.spec.context_s)
-        if self.current is not None:
-            self.answer_left = max(0.0, min(self.answer_left, self.config.n_ctx - self.chat.ctx - self.prefill_left))
+        a = self.answering
+        if a.current is not None:
+            a.answer_left = max(0.0, min(a.answer_left, self.config.n_ctx - self.chat.ctx - a.prefill_left))
 
     def _reload(self, t: float, delay_s: float, *, weights: bool) -> None:
         """A new KV type or model means a fresh KV cache: the kept conversation (up to half the new context) is
@@ -161,17 +155,17 @@ class EngineSim:
         self.ready_s = t + delay_s + load_s
         if weights:  # llama.cpp freed the adapters with the old model; the next request loads its own again
             self.pool.forget()
-        half = self.config.n_ctx // 2
-        if self.current is not None:
-            self.prefill_left = min(self.chat.ctx + self.prefill_left, half)
-            self.answer_left = min(self.answer_left, self.config.n_ctx - self.prefill_left)
+        half, a = self.config.n_ctx // 2, self.answering
+        if a.current is not None:
+            a.prefill_left = min(self.chat.ctx + a.prefill_left, half)
+            a.answer_left = min(a.answer_left, self.config.n_ctx - a.prefill_left)
         else:
             self.chat.history = self.chat.pending = min(self.chat.ctx + self.chat.pending, half)
         self.chat.ctx = 0.0
 
     def _start_swap(self, old: EngineConfig, config: EngineConfig, t: float) -> bool:
         """Build `config` warm beside the answering context when the real engine would (governor.lab.swap)."""
-        if self.current is None or self.stopped or not self.loaded or t < self.ready_s:
+        if self.answering.current is None or self.stopped or not self.loaded or t < self.ready_s:
             return False  # between answers (or while loading) a change is cold: no answer waits for it
         assert self.tier is not None
         if plan.kind(old, config) != "new_cache":
@@ -181,8 +175,8 @@ class EngineSim:
             config,
             tier=self.tier,
             threads=self.placed.big + self.placed.little,
-            tokens=self.chat.ctx + self.prefill_left,
-            answer_left=self.answer_left,
+            tokens=self.chat.ctx + self.answering.prefill_left,
+            answer_left=self.answering.answer_left,
             available=self.memory.room_bytes - self.resident_bytes(),
             now=t,
             context_s=self.spec.context_s,
@@ -201,9 +195,10 @@ class EngineSim:
         self._set(sw.target)
         self.stats.reloads += 1
         self.stats.warm_swaps += 1
-        if self.current is not None:
-            self.prefill_left += self.chat.ctx - sw.done
-            self.answer_left = min(self.answer_left, sw.target.n_ctx - sw.done - self.prefill_left)
+        a = self.answering
+        if a.current is not None:
+            a.prefill_left += self.chat.ctx - sw.done
+            a.answer_left = min(a.answer_left, sw.target.n_ctx - sw.done - a.prefill_left)
         else:  # the answer ended meanwhile: the next turn evaluates the rest of it (prefix reuse)
             self.chat.pending += self.chat.ctx - sw.done
         self.chat.ctx = sw.done
@@ -223,7 +218,7 @@ class EngineSim:
         again, then continues it; a stopped one starts again (the kept conversation is evaluated again)."""
         self.waiting = reason
         if reason is not None and not self.stopped:
-            if self.current is None:
+            if self.answering.current is None:
                 self._stop()
             else:
                 self._drop_swap()
@@ -276,11 +271,7 @@ class EngineSim:
         self.stats.oom_kills += 1
         self._drop_swap()
         self.memory.drop_cache()
-        if self.current is not None:
-            self.stats.failed += 1
-            self.stats.lost_tokens += self.answer_done
-            self.current = None
-            self.finished.append(t)
+        self.answering.killed(t)
         if self.waiting is not None:  # nothing fits: the daemon does not start it into the same wall
             self._stop()
             return
@@ -290,35 +281,10 @@ class EngineSim:
     # --- serving ---
 
     def submit(self, request: Request) -> None:
-        self.queue.append(request)
+        self.answering.queue.append(request)
 
     def busy(self) -> bool:
-        return self.current is not None or bool(self.queue) or self._swap is not None
-
-    def _start(self, request: Request, now: float) -> None:
-        assert self.config is not None
-        n_ctx = self.config.n_ctx
-        adapter = self.pool.use(request.adapter)
-        if adapter is None:  # larger than the whole pool: the engine answers 503
-            self.stats.failed += 1
-            self.finished.append(now)
-            return
-        self._stall, lost = adapter
-        if lost and not request.new_conversation:  # the cache was the other adapter's: evaluated again
-            self.chat.pending += self.chat.ctx
-            self.chat.ctx = 0.0
-        prefill, shifts = self.chat.begin(request, n_ctx)
-        self.stats.shifts += shifts
-        if self.chat.ctx + prefill >= n_ctx:
-            self.stats.failed += 1  # the prompt alone does not fit: llama.cpp raises ValueError
-            self.finished.append(now)
-            return
-        self.current = request
-        self.prefill_left = prefill
-        self.answer_left = min(float(request.answer_tokens), n_ctx - self.chat.ctx - prefill)
-        self.answer_done = 0.0
-        if self.answer_left < request.answer_tokens:
-            self.stats.truncated += 1
+        return self.answering.current is not None or bool(self.answering.queue) or self._swap is not None
 
     def share(self, background: float) -> float:
         """Each engine thread's share of a core while it runs beside `background` cores' worth of other work."""
@@ -334,7 +300,7 @@ class EngineSim:
         if t + h <= self.ready_s:
             return 0.0, 0.0
         self.loaded = True
-        cfg, tier = self.config, self.tier
+        cfg, tier, a = self.config, self.tier, self.answering
         share = self.share(background)
         slowdown = 1.0 if share >= 1.0 else share * self.spec.barrier_efficiency
         placed = self.placed
@@ -348,22 +314,21 @@ class EngineSim:
         n = placed.big + placed.little
         while now < end - 1e-12:
             sw = self._swap
-            if sw is not None and sw.due(now, self.chat.ctx + self.prefill_left):
+            if sw is not None and sw.due(now, self.chat.ctx + a.prefill_left):
                 duty = busy / h * share
                 big, little = placed.big * duty, placed.little * duty
                 self._switch(now)  # a new config: the rest of the step runs with it
                 more = self.step(now, end - now, freq_ratio, background)
                 return big + more[0] * (end - now) / h, little + more[1] * (end - now) / h
-            if self.current is None and sw is None:
+            if a.current is None and sw is None:
                 if self._deferred is not None:  # llama-server: the change that waited for the answer
                     self._restart_for(self._deferred, now)
                     break
                 if self.waiting is not None:
                     self._stop()
                     break
-                while self.queue and self.current is None:
-                    self._start(self.queue.popleft(), now)
-                if self.current is None:
+                a.next(now, cfg.n_ctx, self.pool, self.chat)
+                if a.current is None:
                     break
             left = end - now
             on = 1.0  # the answering context's share of the threads (half of them build a warm swap's context)
@@ -375,48 +340,40 @@ class EngineSim:
                         compute * sw.threads / n * tier.prefill_thread_tok_s * batch_efficiency(sw.target.n_batch)
                     )
                 left = min(left, sw.until(now, swap_rate))
-                if self.current is None or sw.then is not None:  # the answer (or the next) waits for the build
+                if a.current is None or sw.then is not None:  # the answer (or the next) waits for the build
                     on = 0.0
             if on == 0.0:
                 spent = left
-            elif self._stall > 0:  # the answer's adapter: loading it, re-reserving the graph
-                spent = min(left, self._stall)
-                self._stall -= spent
+            elif a.stall > 0:  # the answer's adapter: loading it, re-reserving the graph
+                spent = min(left, a.stall)
+                a.stall -= spent
                 busy += spent * on
-            elif self.prefill_left > 0:
+            elif a.prefill_left > 0:
                 rate, computing = prefill_rate(compute * on, tier, self._prefill_eff, reread_s, cfg.n_batch)
                 self.prefill_tokens_per_s = rate
-                spent = min(left, self.prefill_left / rate)
+                spent = min(left, a.prefill_left / rate)
                 done = rate * spent
-                self.prefill_left -= done
+                a.prefill_left -= done
                 self.chat.ctx += done
                 self.stats.prefill_tokens += done
                 busy += spent * rate / computing * on  # waiting for storage is not CPU work
-                if self.prefill_left <= 1e-9:
-                    self.prefill_left = 0.0
+                if a.prefill_left <= 1e-9:
+                    a.prefill_left = 0.0
             else:
-                assert self.current is not None
+                assert a.current is not None
                 limit, computing = decode_rate(
                     compute * on, tier, bandwidth_gb_s=self.spec.bandwidth_gb_s,
                     bytes_per_token=weights + kv_per_tok * self.chat.ctx, slowdown=slowdown, reread_s=reread_s,
                 )  # fmt: skip
                 self.uncapped_tokens_per_s = limit
                 rate = min(limit, cfg.max_tokens_per_s) if cfg.max_tokens_per_s else limit
-                spent = min(left, self.answer_left / rate)
+                spent = min(left, a.answer_left / rate)
                 done = rate * spent
-                if self.current.first_token_s is None and done > 0:
-                    self.current.first_token_s = now + 1.0 / rate
-                    self.stats.ttft_s.append(self.current.first_token_s - self.current.arrival_s)
-                self.answer_left -= done
-                self.answer_done += done
-                self.chat.ctx += done
+                a.decoded(done, now, rate, self.chat)
                 self.stats.decoded(done, spent, rate)
                 busy += spent * rate / computing * on
-                if self.answer_left <= 1e-9:
-                    self.chat.history = self.chat.ctx
-                    self.stats.answers += 1
-                    self.current = None
-                    self.finished.append(now + spent)
+                if a.answer_left <= 1e-9:
+                    a.ended(now + spent, self.chat)
             if swap_rate:
                 assert sw is not None
                 sw.done = min(sw.goal, sw.done + swap_rate * spent)

@@ -178,9 +178,9 @@ class World:
         background = self.driver.background_cores(t)
         running = engine.busy()
         big, little = engine.step(t, h, freq, background if running else 0.0)
-        for end in engine.finished:
+        for end in engine.answering.finished:
             self.driver.answered(end)
-        engine.finished.clear()
+        engine.answering.finished.clear()
         p = self.device.power
         self.busy_cores = big + little
         self._cpu_load(background, running)

@@ -64,7 +64,7 @@ def test_a_stopped_engine_keeps_its_requests_and_serves_them_when_memory_is_back
     while t < 60:
         engine.step(t, 0.25, 1.0)
         t += 0.25
-    assert (engine.stats.answers, engine.stats.failed, len(engine.queue)) == (0, 0, 3)
+    assert (engine.stats.answers, engine.stats.failed, len(engine.answering.queue)) == (0, 0, 3)
     engine.wait(None, t)
     while engine.busy():
         engine.step(t, 0.25, 1.0)
@@ -90,7 +90,7 @@ def test_an_answer_in_progress_pauses_without_its_model_and_goes_on_when_memory_
         engine.step(t, 0.25, 1.0)
         t += 0.25
     assert engine.stats.tokens == tokens
-    assert engine.current is not None
+    assert engine.answering.current is not None
     engine.wait(None, t)
     while engine.busy():
         engine.step(t, 0.25, 1.0)

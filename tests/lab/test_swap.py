@@ -38,7 +38,7 @@ class Answer:
         before = e.stats.tokens
         e.step(self.t, DT, 1.0)
         self.t += DT
-        if e.current is not None and e.stats.tokens == before and e.stats.ttft_s:
+        if e.answering.current is not None and e.stats.tokens == before and e.stats.ttft_s:
             self.stalls += 1
 
     def until(self, tokens: float) -> None:
