@@ -1,5 +1,6 @@
 """docs/architecture.md stays true: every file, module and class it names exists, every package is in its picture of
-the layers, and its recipes touch no more source files than the issue allows (a knob <= 4, an actuator <= 3)."""
+the layers, and its recipes touch no more source files than the issue allows (a knob <= 4, an actuator <= 3).
+And no source module grows past 400 lines."""
 
 from __future__ import annotations
 
@@ -75,3 +76,24 @@ def test_every_recipe_names_its_files() -> None:
         "Adding a state",
     } <= set(sections)
     assert all(files_of(body) for title, body in sections.items() if title.startswith("Adding"))
+
+
+MAX_MODULE_LINES = 400  # STYLE.md: a module that grows past about 400 lines is asking to be split
+
+
+def oversized(root: Path) -> list[str]:
+    """Every source module under governor/, policies/ and sensors/ longer than MAX_MODULE_LINES, as 'path: N lines'."""
+    modules = sorted(p for d in ("governor", "policies", "sensors") for p in (root / d).rglob("*.py"))
+    counts = {p.relative_to(root).as_posix(): len(p.read_text().splitlines()) for p in modules}
+    return [f"{path}: {n} lines" for path, n in counts.items() if n > MAX_MODULE_LINES]
+
+
+def test_no_source_module_is_over_400_lines() -> None:
+    assert oversized(ROOT) == []
+
+
+def test_the_size_check_names_a_long_module(tmp_path: Path) -> None:
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies/short.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    (tmp_path / "policies/long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert oversized(tmp_path) == [f"policies/long.py: {MAX_MODULE_LINES + 1} lines"]
