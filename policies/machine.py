@@ -130,8 +130,8 @@ class StateMachine:
         rates = [lim.rate for lim in active if lim.rate is not None] + rate_caps
         rate = min(rates) if rates else None
         measured = contention is not None and (contention.measured is not None or contention.probe is not None)
-        if measured:
-            self._ramping = False
+        if measured or (self.state == State.HOT and self.hot.authority.back_after_s is not None):
+            self._ramping = False  # measured counts, or hot stepped aside: the engine as ungoverned, no ramp
         else:
             threads, rate = self._recover(threads, rate, prev, t)
         freq = self.power.freq_now(t, self.policy.timing.recover_step_s)

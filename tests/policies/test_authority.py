@@ -29,6 +29,7 @@ def test_others_heat_over_the_trip_with_the_kernel_throttling_lifts_hots_floor()
     floor = next(i for i, d in enumerate(out) if d.state == State.HOT and d.engine.max_tokens_per_s == 2.0)
     aside = next(i for i, d in enumerate(out) if d.rule == "thermal.aside")
     assert aside - floor >= WINDOW_S - 1  # a window at the floor first
+    assert out[aside].engine.threads == 4  # as ungoverned at once: one change, not a ramp of one per recover step
     last = out[-1]
     assert last.state == State.HOT
     assert last.engine.max_tokens_per_s is None
