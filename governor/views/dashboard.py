@@ -21,6 +21,7 @@ import selectors
 import socket
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -44,6 +45,7 @@ from policies.decision import HoldAsk
 STATIC = Path(__file__).with_name("static")
 HISTORY = 900  # samples a new page gets: 15 min at one a second, 75 min of calm 5 s ticks
 KEEP_DECISIONS = 100
+STATUS_LAG_S = 10.0  # a status may be this much older than a hold taken meanwhile (a tick, the watch's queue)
 MAX_PAGES = 16  # pages attached at once; more get 503 (each holds a queue and a connection)
 PAGE_QUEUE = 64  # events a page may lag behind before it is dropped (its browser reconnects and starts afresh)
 MAX_HOLDS = 8
@@ -215,9 +217,9 @@ class _HoldRequest(HoldAsk):
 class Holds:
     """Holds this dashboard keeps for its pages: each one an open control connection, released when closed."""
 
-    def __init__(self, client: ControlClient) -> None:
-        self.client = client
-        self._held: dict[int, socket.socket] = {}
+    def __init__(self, client: ControlClient, *, status_lag_s: float = STATUS_LAG_S) -> None:
+        self.client, self.status_lag_s = client, status_lag_s
+        self._held: dict[int, tuple[socket.socket, float]] = {}  # its connection, when it was taken (monotonic)
         self._lock = threading.Lock()
 
     def ids(self) -> list[int]:
@@ -229,22 +231,25 @@ class Holds:
             if len(self._held) >= MAX_HOLDS:
                 raise DashboardError(f"this dashboard holds {MAX_HOLDS} already; release one first")
             answer, sock = self.client.take_hold(**ask.model_dump(exclude_none=True))
-            self._held[int(answer["hold"])] = sock
+            self._held[int(answer["hold"])] = (sock, time.monotonic())
         return answer
 
     def release(self, hold_id: int) -> bool:
         with self._lock:
-            sock = self._held.pop(hold_id, None)
-        if sock is None:
+            held = self._held.pop(hold_id, None)
+        if held is None:
             return False
-        sock.close()
+        held[0].close()
         return True
 
     def prune(self, status: dict[str, Any]) -> None:
-        """Forget holds the daemon ended (TTL, restart): their ids are no longer in its status."""
+        """Forget holds the daemon ended (TTL, restart): their ids are no longer in its status. Not one taken in the
+        last `status_lag_s`: a status built a moment before the hold was added can arrive after it (and releasing the
+        hold then ended it at once, the page having just said "holding")."""
         alive = {h.get("id") for h in status.get("holds") or []}
+        now = time.monotonic()
         with self._lock:
-            gone = [i for i in self._held if i not in alive]
+            gone = [i for i, (_, taken) in self._held.items() if i not in alive and now - taken > self.status_lag_s]
         for hold_id in gone:
             self.release(hold_id)
 
