@@ -10,6 +10,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# An engine's figures as anything outside may report them (its status, a trace line): larger is not a real engine.
+TOKENS_PER_S_MAX = 1e6
+BYTES_MAX = 1 << 50
+
 
 class Frozen(BaseModel):
     # Every number here came from outside (sysfs, an engine, a trace file): finite, or a validation error naming it.
@@ -98,12 +102,12 @@ class EngineObservation(Frozen):
     """What the loop knows of the engine at a tick; optional in a trace line."""
 
     busy: bool
-    tokens_per_s: float | None = Field(default=None, ge=0, le=1e6)
+    tokens_per_s: float | None = Field(default=None, ge=0, le=TOKENS_PER_S_MAX)
     model: str | None = None
-    rss_bytes: int | None = Field(default=None, ge=0, le=1 << 50)
+    rss_bytes: int | None = Field(default=None, ge=0, le=BYTES_MAX)
     # Of rss_bytes, what is not file-backed (RSS minus the mapped files' resident pages: KV cache, compute buffer,
     # runtime): what the kernel cannot reclaim short of killing the process.
-    anon_bytes: int | None = Field(default=None, ge=0, le=1 << 50)
+    anon_bytes: int | None = Field(default=None, ge=0, le=BYTES_MAX)
     loaded: bool | None = None  # False: the engine unloaded its model after --keep-alive idle seconds
     # The threads the engine runs with now (what tokens_per_s was measured at); bounded as the setting is.
     threads: int | None = Field(default=None, ge=1, le=1024)

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from govbase.errors import GovernorError
 from policies.decision import EngineConfig
-from sensors.snapshot import EngineObservation
+from sensors.snapshot import BYTES_MAX, TOKENS_PER_S_MAX, EngineObservation
 
 CONFIG_FIELDS = frozenset(EngineConfig.model_fields)
 M = TypeVar("M", bound=BaseModel)
@@ -64,11 +64,11 @@ class EngineStatus(EngineConfig):
     model_config = ConfigDict(extra="allow")
 
     busy: bool
-    tokens_per_s: float | None = Field(default=None, ge=0, le=1e6)
+    tokens_per_s: float | None = Field(default=None, ge=0, le=TOKENS_PER_S_MAX)
     queue_length: int = Field(default=0, ge=0, le=1 << 20)
     context_tokens: int | None = Field(default=None, ge=0, le=1 << 20)  # bounded as n_ctx is (policies' `Ctx`)
-    rss_bytes: int | None = Field(default=None, ge=0, le=1 << 50)
-    anon_bytes: int | None = Field(default=None, ge=0, le=1 << 50)
+    rss_bytes: int | None = Field(default=None, ge=0, le=BYTES_MAX)
+    anon_bytes: int | None = Field(default=None, ge=0, le=BYTES_MAX)
     loaded: bool | None = None  # None: an engine from before idle unload
     paused: str | None = None  # why the model is held unloaded (POST /engine/pause)
 
