@@ -37,10 +37,12 @@ BAND_FRACTION = 0.25  # growth back past a ceiling pressure set needs the budget
 
 
 class MemoryPlan:
-    def __init__(self, memory: Memory, timing: Timing, *, adapters: bool = False) -> None:
+    def __init__(self, memory: Memory, timing: Timing, *, adapters: bool = False, switch_s: float = 0.0) -> None:
         self.cfg = memory
         self.adapters = adapters  # the ladder has LoRA adapters: every fit counts their pool (memfit.fit)
         self.timing = timing
+        self.switch_s = switch_s  # a model switch lasts at least this long (the change price's model dwell)
+        self._fall_rate = 0.0  # bytes a second other programs are taking (a sustained fall), this tick
         self._budget: float | None = None  # after input hysteresis
         self._budget_raw = 0.0  # ... before PSI's shrink
         self._budget_t = -math.inf
@@ -48,6 +50,7 @@ class MemoryPlan:
         self._shrink_t = -math.inf
         self._ceiling: tuple[float, float] | None = None  # (bytes that caused pressure, the budget then)
         self.last: Fit | None = None
+        self.before: Fit | None = None  # the setting in force when this tick's plan began
         self._rooms: deque[tuple[float, float]] = deque()  # (t, available + the engine's) over FORECAST_WINDOW_S
         self._cache: dict[tuple[int, int, str, int], Fit] = {}
         self.room: float | None = None  # what the engine could hold before a kill (available + its own), this tick
@@ -83,6 +86,7 @@ class MemoryPlan:
         """The largest setting the profiles allow that fits (see the module's docstring)."""
         mem = self.cfg
         ctx = n_ctx
+        self.before = self.last
         if available is None:
             self.room = None
             budget = None
@@ -111,16 +115,7 @@ class MemoryPlan:
                 # Leaving a setting that no longer fits (the exit band): to one with SHRINK_BAND of the budget to
                 # spare, so that memory still falling (other programs allocate over seconds) takes one step, not one
                 # reload per tick.
-                spare = fit(
-                    candidates,
-                    max_ctx=ctx,
-                    kv_type=kv,
-                    budget_bytes=budget * (1 - SHRINK_BAND),
-                    memory=mem,
-                    adapters=self.adapters,
-                )
-                if spare.wait is None:
-                    result = spare
+                result = self._leaving(result, candidates, ctx, kv, budget)
         if result.wait is not None and budget is not None and budget < self._budget_raw:
             # Only PSI's shrink is short of room: run the smallest setting that fits rather than stop (stopping ends
             # the pressure, which would start the engine again: a stop/start loop).
@@ -159,12 +154,54 @@ class MemoryPlan:
         found = fit(
             candidates, max_ctx=n_ctx, kv_type=kv, budget_bytes=self.budget, memory=self.cfg, adapters=self.adapters
         )
+        last = self.last = self.before  # the plan's choice is not taken: the setting in force is the one left
+        if found.wait is None and last is not None and last.wait is None and last.bytes > self.budget:
+            found = self._leaving(found, candidates, n_ctx, kv, self.budget)  # the exit band, as in plan()
         if found.wait is not None and self.budget_raw is not None and self.budget_raw > self.budget:
             found = self._smallest(candidates, self.budget_raw)
+        if found.wait is not None and self.room is not None:
+            # Not even its smallest setting fits the budget: it runs on the reserve while the whole of it (weights
+            # too: no re-reading them from storage at every token) fits what is left before a kill; else None.
+            smallest = self._smallest(candidates, found.budget_bytes or 0.0)
+            if smallest.bytes <= self.room - self.cfg.kill_margin_mb * MIB:
+                found = replace(smallest, bound="below its footprint")
         if found.wait is not None:
             return None
         self.last = found
         return found
+
+    def _leaving(self, result: Fit, candidates: Sequence[Candidate], ctx: int, kv: KvType, budget: float) -> Fit:
+        """The exit band: leaving a setting that no longer fits, go where memory is going, in one step rather than one
+        reload per tick behind it (other programs allocate over seconds to a minute):
+
+        - to a setting with SHRINK_BAND of the budget to spare; where no setting of `result`'s tier has that, to the
+          tier's smallest setting (it is where a falling budget ends);
+        - a smaller tier only where memory is still falling: the tier that still fits if it falls on for as long as a
+          model switch must last (`switch_s`), so that a fall takes one switch, not one per tier."""
+        mem = self.cfg
+        spare_budget = budget * (1 - SHRINK_BAND)
+        spare = fit(candidates, max_ctx=ctx, kv_type=kv, budget_bytes=spare_budget, memory=mem, adapters=self.adapters)
+        if spare.wait is None:
+            result = spare
+        else:
+            tier = [c for c in candidates if c.name == result.model]
+            smallest = self._smallest(tier, budget) if tier else result
+            if smallest.wait is None and smallest.bytes < result.bytes:
+                result = smallest
+        last, names = self.last, [c.name for c in candidates]
+        if last is None or last.model == result.model or self._fall_rate <= 0 or self.switch_s <= FORECAST_S:
+            return result
+        far = spare_budget - self._fall_rate * (self.switch_s - FORECAST_S)
+        lasting = fit(candidates, max_ctx=ctx, kv_type=kv, budget_bytes=far, memory=mem, adapters=self.adapters)
+        name = lasting.model if lasting.wait is None else names[-1]
+        if result.model not in names or names.index(name) <= names.index(result.model):
+            return result
+        lower = candidates[names.index(name) :]
+        for room in (spare_budget, budget):
+            found = fit(lower, max_ctx=ctx, kv_type=kv, budget_bytes=room, memory=mem, adapters=self.adapters)
+            if found.wait is None:
+                return found
+        return self._smallest(lower, budget)
 
     def _smallest(self, candidates: Sequence[Candidate], budget: float) -> Fit:
         """The smallest setting there is (smallest tier and context, most compact KV, smallest n_batch: a 150k-token
@@ -238,13 +275,15 @@ class MemoryPlan:
         while window and t - window[0][0] > FORECAST_WINDOW_S:
             window.popleft()
         t0, r0 = window[0]
+        self._fall_rate = 0.0
         if t - t0 < FORECAST_WINDOW_S / 2:
             return 0.0
         tm, rm = min(window, key=lambda tr: abs(tr[0] - (t0 + t) / 2))
         if not t0 < tm < t:
             return 0.0
         first, second = (r0 - rm) / (tm - t0), (rm - room) / (t - tm)
-        return max(0.0, min(first, second)) * FORECAST_S
+        self._fall_rate = max(0.0, min(first, second))
+        return self._fall_rate * FORECAST_S
 
     def _budget_now(self, available: int, engine: EngineObservation | None, pressure: bool, t: float) -> float:
         """Bytes the engine may use: available + what the engine holds now (a reload frees it) - the reserve."""

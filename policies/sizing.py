@@ -32,7 +32,9 @@ class Sizing:
         self.ladder = ladder
         self.footprints = dict(footprints or {})
         mem = policy.memory
-        self.memory = MemoryPlan(mem, policy.timing, adapters=bool(ladder is not None and ladder.adapters))
+        switch_s = policy.changes.model_dwell_s if policy.changes.enabled else 0.0
+        adapters = bool(ladder is not None and ladder.adapters)
+        self.memory = MemoryPlan(mem, policy.timing, adapters=adapters, switch_s=switch_s)
         self.lmkd = False  # the device kills by a low-memory killer's levels (Android's lmkd), this tick
         self._pressure_cap: int | None = None  # n_ctx, without a ladder (with one: MemoryPlan)
         self._shrink_t = -math.inf

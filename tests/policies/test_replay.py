@@ -153,7 +153,8 @@ def test_replay_with_a_model_ladder_fits_memory(tmp_path: Path, capsys: pytest.C
     assert lines[0]["engine"]["model"] == "big"
     assert lines[0]["engine"]["n_ctx"] == 4096
     assert lines[-1]["engine"]["n_ctx"] < 4096 or lines[-1]["engine"]["model"] == "small"
-    assert "bound by memory" in lines[-1]["reason"]
+    # within the model dwell of the first load the big model may keep its smallest setting on the reserve
+    assert "bound by memory" in lines[-1]["reason"] or "bound by below its footprint" in lines[-1]["reason"]
 
 
 def test_replay_reads_stdin(

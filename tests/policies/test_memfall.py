@@ -1,0 +1,97 @@
+"""Memory falling over a minute (other programs allocating): the shrink goes where memory is going, in one step, and a
+model switch is made once per fall (issue 27: "a model switch at most once per 5 minutes unless a kill is imminent").
+
+The shipped `default` policy in a closed loop: the engine takes what its setting needs, other programs take the rest
+of the room along a ramp (the lab's `memory-squeeze-1g`: down to 900 MiB for the engine over 60 s)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+
+from policies.decision import Decision, EngineConfig
+from policies.ladder import ModelLadder, ModelTier
+from policies.loader import load_policy
+from policies.machine import StateMachine
+from sensors.snapshot import EngineObservation
+from tests.policies.test_changes import footprint, memory
+
+MIB = 1 << 20
+
+
+def governor(*names: str, n_ctx: int = 4096) -> StateMachine:
+    ladder = ModelLadder(tier=tuple(ModelTier(name=n, path=Path(f"{n}.gguf"), n_ctx=n_ctx) for n in names))
+    return StateMachine(load_policy("default"), ladder=ladder, footprints={n: footprint(n) for n in names})
+
+
+def size_mb(gov: StateMachine, config: EngineConfig) -> float:
+    fp = gov.footprints[config.model]
+    return fp.total_bytes(config.n_ctx, config.kv_type, gov.policy.memory, config.n_batch) / MIB
+
+
+def ramp(start_mb: float, end_mb: float, at_s: float, over_s: float) -> Callable[[float], float]:
+    """The room other programs leave the engine: `start_mb`, then down to `end_mb` along a ramp."""
+    return lambda t: start_mb + (end_mb - start_mb) * min(1.0, max(0.0, (t - at_s) / over_s))
+
+
+def closed_loop(gov: StateMachine, room: Callable[[float], float], seconds: int) -> list[Decision]:
+    out: list[Decision] = []
+    config: EngineConfig | None = None
+    for t in range(seconds):
+        rss = size_mb(gov, config) if config is not None else 0.0
+        engine = EngineObservation(busy=True, tokens_per_s=10.0, model=config.model if config else None,
+                                   rss_bytes=int(rss * MIB), context_tokens=300)  # fmt: skip
+        decision = gov.decide(memory(room(float(t)) - rss, 0.0), engine, float(t))
+        config = decision.engine
+        out.append(decision)
+    return out
+
+
+def moves(decisions: list[Decision]) -> list[Decision]:
+    return [b for a, b in itertools.pairwise(decisions) if b.engine.needs_reload(a.engine)]
+
+
+def switches(decisions: list[Decision]) -> list[Decision]:
+    return [b for a, b in itertools.pairwise(decisions) if b.engine.model != a.engine.model]
+
+
+def test_a_fall_takes_one_model_switch_to_the_tier_that_lasts() -> None:
+    """8B, 1.5B and 1B tiers; the room falls from 12 GB to 900 MiB over a minute (~185 MiB/s). Before: 8B -> 1.5B when
+    the 8B no longer fitted, then 1.5B -> 1B 24 s later (fleet:2:0). Now the switch is to the tier that still fits if
+    the fall goes on for as long as a switch must last (the 5-minute model dwell): one switch, to the 1B."""
+    gov = governor("llama-3.1-8b-q4km", "qwen2.5-1.5b-q4km", "llama-3.2-1b-q4km")
+    decisions = closed_loop(gov, ramp(12000.0, 900.0, 10.0, 60.0), 200)
+    assert decisions[0].engine.model == "llama-3.1-8b-q4km"
+    assert [d.engine.model for d in switches(decisions)] == ["llama-3.2-1b-q4km"]
+    assert all(d.engine_wait is None for d in decisions)
+
+
+def test_a_shrink_goes_to_where_memory_is_going_in_one_step() -> None:
+    """One tier; the room falls by 1.7 GB over a minute, to where only the tier's smallest setting fits. Before: the
+    exit band found no setting with a fifth of the budget to spare, so each tick took the largest setting that fitted
+    now, one reload per tick behind the fall (fleet:2:9: 6 reloads in 11 s, answers queued behind them). Now, where
+    no setting has that to spare, the tier's smallest: one reload."""
+    gov = governor("qwen2.5-1.5b-q4km")
+    decisions = closed_loop(gov, ramp(3200.0, 1500.0, 10.0, 60.0), 200)
+    assert len(moves(decisions)) <= 2, [(d.t, d.engine.describe(decisions[0].engine)) for d in moves(decisions)]
+    assert decisions[-1].engine.n_ctx == 512
+
+
+def test_within_the_model_dwell_the_model_in_force_runs_on_the_reserve_rather_than_switch_again() -> None:
+    """1B, 0.5B and 360M tiers: memory steps down 5 s after the start (no fall to extrapolate), then falls on at 40 s to
+    900 MiB. Before: 1B -> 0.5B -> 360M within 4 s (the model in force no longer fitted the budget, which let each
+    switch past the model dwell; fleet:2:21), then one reload a tick while the budget walked down. Now, within the
+    dwell, the model in force runs its smallest setting on the reserve while the whole of it (weights too) fits before
+    a kill; then one switch, to the tier that lasts."""
+    gov = governor("llama-3.2-1b-q4km", "qwen2.5-0.5b-q4km", "smollm2-360m-q8")
+
+    def room(t: float) -> float:
+        return ramp(1300.0, 1130.0, 5.0, 2.0)(t) if t < 40 else ramp(1130.0, 900.0, 40.0, 60.0)(t)
+
+    decisions = closed_loop(gov, room, 400)
+    moved = switches(decisions)
+    assert len(moved) == 1, [(d.t, d.engine.model) for d in moved]
+    assert len(moves(decisions)) <= 3
+    assert decisions[10].readings["fit_bound"] == "below its footprint"
+    assert all(d.engine_wait is None for d in decisions)
