@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from policies.allocator import Choice
+from policies.ceiling import RECENT_S as CYCLE_S
 from policies.contention import ThreadsNote
 from policies.decision import PRIORITY, EngineConfig, Readings, State
 from policies.decision import readable as _n
@@ -41,6 +42,7 @@ class Tick(NamedTuple):
     sized_by: tuple[str, ...] = ()  # owners of the holds whose max_tier / max_ctx the config sits at
     declined: str | None = None  # a wanted change that waits for its price (policies/changecost.py)
     aside_s: float | None = None  # hot steps aside (policies/authority.py): back after this long without throttling
+    ceiling: tuple[int, float] | None = None  # hot's threads at most, for this long (policies/ceiling.py)
 
 
 def _headroom(v: ThermalView) -> str:
@@ -173,7 +175,12 @@ def rule_of(k: Tick) -> tuple[str, Clause]:
         back = k.aside_s
         return "thermal.aside", lambda: _aside(v, back)
     if k.state == State.HOT and k.pi_u is not None and v.temp_c is not None:
-        u = k.pi_u
+        u, ceiling = k.pi_u, k.ceiling
+        if ceiling is not None:
+            return (
+                "thermal.ceiling",
+                lambda: f"{_headroom(v)}, setpoint {_n(v.setpoint_c)} °C, PI output {u:.2f}; " + (_ceiling(ceiling)),
+            )
         return "thermal.pi", lambda: f"{_headroom(v)}, setpoint {_n(v.setpoint_c)} °C, PI output {u:.2f}"
     rule, clause = _why_on(k, k.state)
     if k.fit is not None and k.fit.wait is not None:
@@ -196,6 +203,14 @@ def rule_of(k: Tick) -> tuple[str, Clause]:
     else:
         rule = f"state.{k.state.value}"
     return rule, clause
+
+
+def _ceiling(ceiling: tuple[int, float]) -> str:
+    most, left = ceiling
+    return (
+        f"{_threads(most)} at most for {left:.0f} s more: hot had to cut {most + 1} again within "
+        f"{CYCLE_S:.0f} s of coming back to them (no limit cycle)"
+    )
 
 
 def _aside(v: ThermalView, back_s: float) -> str:

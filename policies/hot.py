@@ -14,6 +14,7 @@ import math
 
 from policies.allocator import PowerAllocator
 from policies.authority import Authority
+from policies.ceiling import Ceiling
 from policies.controller import PIController
 from policies.decision import EngineConfig, State
 from policies.readings import ThermalView
@@ -28,6 +29,7 @@ class HotControl:
         self._pi: PIController | None = None
         self.u: float | None = None  # the PI's last output in [0, 1] (None: not controlling)
         self.authority = Authority()  # hot steps aside where the heat is not the engine's (policies/authority.py)
+        self.ceiling = Ceiling()  # a thread count hot cut again soon after rising to it waits (policies/ceiling.py)
 
     def reset(self) -> None:
         """The PI starts again, bumpless, the next time."""
@@ -36,6 +38,7 @@ class HotControl:
     def leave(self, t: float) -> None:
         """Not hot: the PI starts again next time, and a step aside's back-off starts over."""
         self.authority.aside(t, hot=False, u=self.u, throttled=None, temp_c=None)
+        self.ceiling.leave()
         self.reset()
 
     def limits(
@@ -45,6 +48,10 @@ class HotControl:
         """The hot limits of this tick (`throttled`: the kernel holds the clock down; `prefill`: the engine evaluates a
         prompt; `contended`: others hold cores)."""
         aside = self.authority.aside(t, hot=True, u=self.u, throttled=throttled, temp_c=view.temp_c)
+        over = view.temp_c is not None and view.temp_c >= view.setpoint_c
+        self.ceiling.observe(t, prev.threads if prev is not None else None, over_setpoint=over)
+        most = self.ceiling.limit(t)
+        self.ceiling.asked(None)
         out: list[Limits] = []
         if untrusted and view.temp_c is None:
             # No temperature to control on: the hot profile at its floor (threads, rate and clock as low as hot
@@ -61,7 +68,11 @@ class HotControl:
             return out
         u = self._pi_output(view, prev, t, cpus)
         if not self.power.enabled:
-            out.append(self.at(u, cpus))
+            limits = self.at(u, cpus)
+            if most is not None and limits.threads > most:  # the rate cap u places stays: one thread is no hotter
+                limits = limits.at(most, limits.rate)
+            out.append(limits)
+            self.ceiling.asked(limits.threads)
             return out
         # a power budget, allocated to clock x threads x rate
         if prefill and view.temp_c is not None and view.temp_c < view.setpoint_c:

@@ -168,6 +168,7 @@ class StateMachine:
             ramping=self._ramping, engine=engine, capped=bool(caps or rate_caps or sizing), choice=self.power.choice,
             contention=contention, load=self._fit_threads.readings(), declined=declined,
             aside_s=self.hot.authority.back_after_s if self.state == State.HOT else None,
+            ceiling=self.hot.ceiling.note(t) if self.state == State.HOT else None,
             sized_by=tuple(h.owner for h in sizing if model == h.max_tier or n_ctx == h.max_ctx),
         )  # fmt: skip
         self._calm = self._is_calm(sense, engine, label)
@@ -245,6 +246,9 @@ class StateMachine:
             )  # fmt: skip
         else:
             self.hot.leave(t)
+            most = self.hot.ceiling.limit(t)  # a count hot cut again soon after rising to it waits here too
+            if most is not None and self.state in ACTIVITY:
+                active.append(limits[activity].at(most, None))
             if self.state == State.CRITICAL and self._memory_only(sense):
                 # Out of memory and nothing else: the critical profile's memory (smallest tier, context, KV), not its
                 # CPU limits; one thread at 1 tok/s frees no memory and loses every token it could have made.
