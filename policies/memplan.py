@@ -189,8 +189,10 @@ class MemoryPlan:
             if smallest.wait is None and smallest.bytes < result.bytes:
                 result = smallest
         last, names = self.last, [c.name for c in candidates]
-        if last is None or last.model == result.model or self._fall_rate <= 0 or self.switch_s <= FORECAST_S:
+        if last is None or last.model == result.model or self.switch_s <= FORECAST_S:
             return result
+        if self._fall_rate * FORECAST_WINDOW_S < mem.grow_margin_mb * MIB:
+            return result  # no fall, or one within MemAvailable's noise: extrapolated over minutes it would be a tier
         far = spare_budget - self._fall_rate * (self.switch_s - FORECAST_S)
         lasting = fit(candidates, max_ctx=ctx, kv_type=kv, budget_bytes=far, memory=mem, adapters=self.adapters)
         name = lasting.model if lasting.wait is None else names[-1]

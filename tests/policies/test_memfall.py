@@ -95,3 +95,17 @@ def test_within_the_model_dwell_the_model_in_force_runs_on_the_reserve_rather_th
     assert len(moves(decisions)) <= 3
     assert decisions[10].readings["fit_bound"] == "below its footprint"
     assert all(d.engine_wait is None for d in decisions)
+
+
+def test_a_slow_drift_is_not_extrapolated_over_the_model_dwell() -> None:
+    """Memory steps down (the 1B no longer fits with the exit band's spare) and then drifts 5 MiB/s, as MemAvailable
+    does with the page cache's churn: within noise over the 6 s window (less than `grow_margin_mb`), so the switch is
+    to the tier that fits with the spare (the 0.5B), not to the one a 5-minute extrapolation of the drift would leave
+    (the 360M)."""
+    gov = governor("llama-3.2-1b-q4km", "qwen2.5-0.5b-q4km", "smollm2-360m-q8")
+
+    def room(t: float) -> float:
+        return 2000.0 if t < 300 else 1700.0 - 5.0 * (t - 300)  # after the first load's model dwell
+
+    decisions = closed_loop(gov, room, 420)
+    assert [d.engine.model for d in switches(decisions)] == ["qwen2.5-0.5b-q4km"]
