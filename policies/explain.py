@@ -284,8 +284,7 @@ def explain(k: Tick, fired: str, clause: Clause) -> tuple[str, Readings]:
             clauses.append(f"{k.fit.wait} ({k.fit.model} needs {k.fit.bytes / MIB:.0f} MiB at n_ctx {k.fit.n_ctx})")
         elif k.fit.bound != "profile":
             clauses.append(f"{k.fit.model} n_ctx {k.fit.n_ctx} KV {k.fit.kv_type} bound by {k.fit.bound}")
-        if k.fit.note:
-            clauses.append(k.fit.note)
+        clauses += [text for text in (k.fit.note, k.fit.kill if _switch_kill(k) else None) if text]
     if k.sense.cpu_throttled and k.state in {State.HOT, State.CRITICAL}:
         clauses.append("the CPU clock is already throttled by the kernel")
     unknown = []
@@ -320,12 +319,19 @@ def explain(k: Tick, fired: str, clause: Clause) -> tuple[str, Readings]:
         "busy_fraction": round(k.sense.busy, 3),
         "pi_output": None if k.pi_u is None else round(k.pi_u, 3),
         "fit_bound": None if k.fit is None else k.fit.bound,
+        "switch_kill": _switch_kill(k),
         "cpu_throttled": k.sense.cpu_throttled,
         "budget_w": None if k.choice is None else round(k.choice.budget_w, 2),
         "freq_ratio": None if k.choice is None else k.choice.freq_ratio,
         **(k.load or {}),
     }
     return reason, readings
+
+
+def _switch_kill(k: Tick) -> bool | None:
+    """This tick switches the model sooner than the model dwell because the model in force would be killed."""
+    fit = k.fit
+    return True if fit is not None and fit.kill and k.prev is not None and k.config.model != k.prev.model else None
 
 
 def _pressure(psi: float, mem: Memory) -> str:

@@ -139,6 +139,7 @@ class Fit:
     n_batch: int | None = None  # lowered below the policy's memory.n_batch to fit (None: not lowered)
     held: str | None = None  # the engine in force is about to be killed for what it holds now: why it stops
     pool_bytes: float = 0.0  # the LoRA adapter pool it leaves the engine (counted in `bytes`)
+    kill: str | None = None  # a model switch sooner than the model dwell: why the model in force would be killed
 
     @property
     def wait(self) -> str | None:

@@ -205,6 +205,10 @@ class MemoryPlan:
                 return found
         return self._smallest(lower, budget)
 
+    def smallest(self, candidates: Sequence[Candidate]) -> Fit:
+        """The smallest setting of these tiers' last, against this tick's budget."""
+        return self._smallest(candidates, self.budget if self.budget is not None else math.inf)
+
     def _smallest(self, candidates: Sequence[Candidate], budget: float) -> Fit:
         """The smallest setting there is (smallest tier and context, most compact KV, smallest n_batch: a 150k-token
         vocabulary's compute buffer at n_batch 512 outweighs a 2048-token KV cache), as fitting `budget` or not."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from policies.decision import RANK, EngineConfig, KvType, State
 from policies.ladder import ModelLadder
@@ -102,13 +103,29 @@ class Sizing:
             candidates, start=start, n_ctx=n_ctx, kv=kv, available=available, engine=engine, pressure=pressure,
             lmkd=self.lmkd, t=t,
         )  # fmt: skip
-        if prev is not None and result.model != prev.model and switch_waits and not self.kills(prev):
+        if prev is not None and result.model != prev.model and switch_waits:
             # A model switch at most once per model_dwell_s unless a kill is predicted: the best the model in force
-            # can do meanwhile.
-            same = self.memory.within([c for c in candidates if c.name == prev.model], n_ctx=n_ctx, kv=kv)
+            # can do meanwhile (MemoryPlan.within: on the reserve too, while the whole of it fits before a kill).
+            tier = [c for c in candidates if c.name == prev.model]
+            same = self.memory.within(tier, n_ctx=n_ctx, kv=kv)
             if same is not None:
                 result = same
+            elif tier:
+                result = replace(result, kill=self._kill(tier[0]))
         return result.model, result.n_ctx, result.kv_type, result
+
+    def _kill(self, tier: Candidate) -> str | None:
+        """Why even the smallest setting of `tier` (the model in force) would meet the killer now, or None when it
+        would only re-read its weights from storage (a switch the dwell does not excuse)."""
+        room = self.memory.room
+        smallest = self.memory.smallest([tier])
+        if room is None or not self.memory.kill_predicted(smallest, [tier], lmkd=self.lmkd):
+            return None
+        counted = self.memory.kill_bytes(smallest, [tier], lmkd=self.lmkd) / MIB
+        return (
+            f"switch within the model dwell: {tier.name} would be killed ({counted:.0f} MiB the killer counts,"
+            f" {room / MIB:.0f} MiB left)"
+        )
 
     def pool_mib(self, fitted: Fit | None) -> float:
         """The LoRA adapter pool: none without adapters in the ladder; the fit's (memory shrinks it first), else

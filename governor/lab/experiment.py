@@ -114,7 +114,8 @@ def simulate(
             changes[1] += decision.state != last[0].state
             if decision.engine.model != last[0].engine.model:
                 changes[2] += 1
-                changes[3] += t - model_t[0] < MODEL_CHANGE_GAP_S
+                # sooner than 5 minutes, unless the decision records that the model in force would be killed
+                changes[3] += t - model_t[0] < MODEL_CHANGE_GAP_S and not decision.readings.get("switch_kill")
                 model_t[0] = t
         last[:] = [decision]
         if decision.engine_wait is not None and not waits:
