@@ -14,7 +14,7 @@ from governor.lab.catalog import load_device
 from governor.lab.deciders import NONE, Ungoverned, decider_for, load_policy
 from governor.lab.experiment import Run, simulate
 from governor.lab.workload import EventSpec, PhaseSpec, WorkloadSpec, load_workload
-from policies.decision import Decision, Hold
+from policies.decision import Decision, Hold, State
 from sensors.snapshot import EngineObservation, Snapshot
 
 LONG_CHAT = load_workload("long-chat")
@@ -196,3 +196,30 @@ def test_default_on_the_phone_limits_on_the_skin_in_bursts_too() -> None:
     assert governed.throttled_pct <= 2.0
     assert governed.peak_c <= governed.trip_c
     assert governed.tokens >= 1.2 * ungoverned.tokens
+
+
+def test_a_model_switch_sooner_than_5_minutes_counts_unless_the_decision_records_a_predicted_kill() -> None:
+    """The judge's "model switches < 5 min apart" (issue 27: "unless a kill is imminent"): a switch 60 s after the
+    previous one counts (120 s), one whose decision records that the model in force would be killed (`switch_kill`,
+    180 s) does not, nor does one 5 minutes after the previous (480 s)."""
+    device = load_device("fanless-laptop")
+    base = Ungoverned(device).config
+    plan = [(0.0, "llama-3.1-8b-q4km", None), (60.0, "llama-3.2-3b-q4km", None), (120.0, "llama-3.2-1b-q4km", None),
+            (180.0, "llama-3.2-3b-q4km", True), (480.0, "llama-3.2-1b-q4km", None)]  # fmt: skip
+
+    class Scripted:
+        def decide(
+            self, snapshot: Snapshot, engine: EngineObservation | None, t: float, holds: Sequence[Hold] = ()
+        ) -> Decision:
+            del snapshot, engine, holds
+            _, model, kill = [step for step in plan if step[0] <= t][-1]
+            return Decision(t=t, state=State.SUSTAINED, engine=base.model_copy(update={"model": model}),
+                            rule="scripted", readings={"switch_kill": kill})  # fmt: skip
+
+        def interval_s(self, decision: Decision) -> float:
+            del decision
+            return 1.0
+
+    s = simulate(device, Scripted(), LONG_CHAT, policy_name="scripted", minutes=10).summary
+    assert s.model_changes == 4
+    assert s.model_changes_within_5min == 1  # the one at 120 s
