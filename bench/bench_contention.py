@@ -11,7 +11,10 @@ the alone engines' answers are "other processes" to the daemon, and must not be 
 
 - hog: `stress-ng --cpu 1` runs throughout; goals: governed ÷ alone >= 1.5 (median of the rounds' ratios) and
   governed ÷ the best fixed thread count >= 0.9;
-- quiet: no hog; goal governed ÷ alone >= 0.97.
+- quiet: no hog; goal governed ÷ alone >= 0.97;
+- chat (issue 27): `--chat-s` (300) of back-to-back answers from the governed engine beside the hog, the alone
+  engines idle; the engine's thread count is read after every answer. Goal: no flip-flop (a count left and then
+  returned to; an upward probe that is aborted within its answer does not show as a change of the count in force).
 
 Decode tok/s = (tokens - 1) ÷ (last chunk - first chunk), tokens from the engine's own counter; an answer that has
 not finished after `--budget-s` is cut there (a stalled 2-thread engine beside a hog can take minutes). The machine
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 import shutil
 import statistics
@@ -113,11 +117,33 @@ def phase(
     return rates
 
 
-def ratios(rates: dict[str, list[float]], fixed: list[str]) -> tuple[float, float]:
+def ratios(rates: dict[str, list[float]], fixed: list[str]) -> tuple[float, float, float]:
+    """Medians of governed ÷ alone at the nominal count and ÷ the best fixed count, and the worst round's ÷ best."""
     alone = statistics.median(g / a for g, a in zip(rates["governed"], rates[fixed[0]], strict=True) if a > 0)
     best = max(fixed, key=lambda k: statistics.median(rates[k]))
-    vs_best = statistics.median(g / b for g, b in zip(rates["governed"], rates[best], strict=True) if b > 0)
-    return alone, vs_best
+    per_round = [g / b for g, b in zip(rates["governed"], rates[best], strict=True) if b > 0]
+    return alone, statistics.median(per_round), min(per_round)
+
+
+def chat(client: EngineClient, args: argparse.Namespace) -> None:
+    """Back-to-back answers for `--chat-s`; prints the thread count after each and the flip-flops."""
+    print(f"\nchat beside the hog: {args.chat_s:.0f} s of back-to-back answers", flush=True)
+    counts: list[int] = []
+    rates: list[float] = []
+    end = time.monotonic() + args.chat_s
+    while time.monotonic() < end:
+        rate, threads = decode_rate(client, args.tokens, args.budget_s)
+        rates.append(rate)
+        counts.append(threads)
+    changes = sum(1 for a, b in itertools.pairwise(counts) if a != b)
+    print(f"  {len(counts)} answers, median {statistics.median(rates):.1f} tok/s; threads after each: {counts}")
+    print(f"  thread-count changes {changes}, flip-flops {flips(counts)} (goal 0)")
+
+
+def flips(counts: list[int]) -> int:
+    """Returns to a count left before (2 -> 1 -> 2 is one): the flip-flop the issue names."""
+    runs = [c for i, c in enumerate(counts) if i == 0 or c != counts[i - 1]]
+    return sum(1 for i in range(2, len(runs)) if runs[i] == runs[i - 2])
 
 
 def main() -> int:
@@ -125,10 +151,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--budget-s", type=float, default=30.0)
-    ap.add_argument("--quick", action="store_true", help="2 rounds of 48 tokens (smoke run)")
+    ap.add_argument("--chat-s", type=float, default=300.0, help="the chat phase's length (0: skip it)")
+    ap.add_argument("--quick", action="store_true", help="2 rounds of 48 tokens, 30 s of chat (smoke run)")
     args = ap.parse_args()
     if args.quick:
-        args.rounds, args.tokens = 2, 48
+        args.rounds, args.tokens, args.chat_s = 2, 48, min(args.chat_s, 30.0)
     hog_cmd = shutil.which("stress-ng")
     if hog_cmd is None:
         print("stress-ng is not installed (make system-deps): skipped")
@@ -167,12 +194,14 @@ def main() -> int:
             hog = phase("hog (stress-ng --cpu 1)", sides, control, args)
             for line in control_why(control):
                 print(f"  why: {line}")
+            if args.chat_s > 0:
+                chat(governed, args)
         quiet = phase("quiet (no hog)", sides, control, args)
-        hog_alone, hog_best = ratios(hog, fixed)
-        quiet_alone, _ = ratios(quiet, fixed)
+        hog_alone, hog_best, hog_worst = ratios(hog, fixed)
+        quiet_alone, _, _ = ratios(quiet, fixed)
         print("\nmedians of the per-round ratios:")
         print(f"  hog:   governed ÷ alone at {nominal} threads   {hog_alone:6.3f}   (goal >= 1.5)")
-        print(f"  hog:   governed ÷ best fixed thread count   {hog_best:6.3f}   (goal >= 0.9)")
+        print(f"  hog:   governed ÷ best fixed thread count   {hog_best:6.3f}   worst round {hog_worst:.3f} (>= 0.9)")
         print(f"  quiet: governed ÷ alone at {nominal} threads   {quiet_alone:6.3f}   (goal >= 0.97)")
         for name, rates in (("hog", hog), ("quiet", quiet)):
             medians = ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in rates.items())
