@@ -18,7 +18,8 @@ cores, the thread that shares it stalls all the others (measured on 2 cores with
   neither forgotten nor retried on a timer;
 - one thread more is probed only where the cap's premise is in doubt: the run queue holds more of the others'
   runnable tasks than the cores the cap leaves them (on a busy machine the scheduler shares per thread, and more
-  threads can win), or the run queue is unknown; it ends at its first measurement (`measure_settle_s` after it
+  threads can win), or the run queue is unknown; one thread fewer where every core counts as the others' (no cap
+  applies then, so nothing else measures fewer); a probe ends at its first measurement (`measure_settle_s` after it
   starts: a few tokens), at most `probe_max_s`, and a lost probe is banned as above.
 
 Pure, like the rest of the policy: readings and the time in, a thread limit and its reason out.
@@ -258,7 +259,7 @@ class ThreadFit:
         if self._probe is not None:
             tried, since = self._probe
             at = self._rates.get((self._model or "", self.taken, tried), (0.0, -float("inf")))[1]
-            if at < since and t - since < cfg.probe_max_s and tried in (n + 1, self._ungoverned) and n in fresh:
+            if at < since and t - since < cfg.probe_max_s and tried in (n + 1, n - 1, self._ungoverned) and n in fresh:
                 return tried
             self._probe, self._probe_t = None, t  # measured (or given up): the verdicts judge from here
             self.returning = True
@@ -272,12 +273,20 @@ class ThreadFit:
             and t - self._probe_t >= cfg.probe_interval_s
         ):
             return None
-        options = [self._ungoverned, n + 1 if n < threads and self._crowded(n) else None]
+        options = [self._ungoverned, n + 1 if n < threads and self._crowded(n) else None, self._fewer(n)]
         for option in options:
-            if option is not None and option > n and option not in fresh and not self.banned(option, t):
+            if option is not None and option != n and option not in fresh and not self.banned(option, t):
                 self._probe = (option, t)
                 return option
         return None
+
+    def _fewer(self, n: int) -> int | None:
+        """One thread fewer, where every core counts as the others' (no cap applies, so no count below `n` is ever
+        measured otherwise): the level can be wrong (the shares read back while the engine computes on every core
+        overstate what one hog wants, and a busy engine gives no clean sample to lower it), and then the count in
+        force stays, losing 2x beside one hog on 2 cores for a whole chat (issue 27's benchmark)."""
+        count = self._cpu.count if self._cpu is not None else None
+        return n - 1 if count and self.taken >= count and n > 1 else None
 
     def readings(self) -> dict[str, float | None]:
         cpu = self._cpu

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from policies.allocator import PowerAllocator
+from policies.allocator import CAP_BELOW, LIFT_ABOVE, PowerAllocator
 from policies.authority import Authority
 from policies.ceiling import Ceiling
 from policies.controller import PIController
@@ -30,6 +30,7 @@ class HotControl:
         self.u: float | None = None  # the PI's last output in [0, 1] (None: not controlling)
         self.authority = Authority()  # hot steps aside where the heat is not the engine's (policies/authority.py)
         self.ceiling = Ceiling()  # a thread count hot cut again soon after rising to it waits (policies/ceiling.py)
+        self._capped = False  # the last `at` capped the rate (the cap's hysteresis)
 
     def reset(self) -> None:
         """The PI starts again, bumpless, the next time."""
@@ -115,6 +116,15 @@ class HotControl:
         top_rate = top_rate or 1.0  # validated present
         low_rate = low_rate or top_rate
         top = self.power.full_threads(cpus)
-        return self._limits.at(
-            low + math.floor(u * max(0, top - low) + 0.5), round(low_rate + u * (top_rate - low_rate), 1)
-        )
+        threads = low + math.floor(u * max(0, top - low) + 0.5)
+        # Relative to the device: where the engine was measured faster than the profile's top rate, u scales the cap
+        # from its measured speed (a phone decoding 22 tok/s under a 12 tok/s top lost 45 % at u = 1, fleet:2:16),
+        # and a cap the engine does not reach is no cap (with the allocator's hysteresis: not a change per tick).
+        model = self.power.model
+        relative = model.observations > 0 and model.speed(top, 1.0) > top_rate
+        if relative:
+            top_rate = model.speed(top, 1.0)
+        rate = round(low_rate + u * (top_rate - low_rate), 1)
+        lifted = relative and rate >= (LIFT_ABOVE if self._capped else CAP_BELOW) * model.speed(threads, 1.0)
+        self._capped = not lifted
+        return self._limits.at(threads, None if lifted else rate)

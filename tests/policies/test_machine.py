@@ -408,3 +408,25 @@ def test_a_decision_read_later_says_what_was_true_at_its_tick(policy: Policy) ->
     assert "83.0" not in first.reason
     assert first == first.model_copy()
     assert first != later[0]
+
+
+def test_hot_caps_a_device_faster_than_its_top_rate_relative_to_the_measured_speed(policy: Policy) -> None:
+    """The hot profile's rate range (2-10 tok/s) is for devices slower than its top: where the engine was measured
+    decoding 22 tok/s, hot at a PI output of 1 leaves the rate alone (a 10 tok/s cap there took 55 % of its tokens
+    before the zone was anywhere near its setpoint: fleet:2:16's long chat, 0.91 x `none`), and the cap falls with the
+    PI output from the measured speed, through the rates above the profile's top, to its floor."""
+    gov, config, seen = StateMachine(policy), None, []
+    for t, temp in enumerate([50.0] * 5 + [76.0] * 3 + [79.0] * 60):
+        threads = config.threads if config is not None else 4
+        cap = config.max_tokens_per_s if config is not None else None
+        speed = 5.5 * threads if cap is None else min(5.5 * threads, cap)  # 22 tok/s on 4 threads
+        decision = gov.decide(snap(temp), EngineObservation(busy=True, tokens_per_s=speed, threads=threads), float(t))
+        config = decision.engine
+        seen.append(decision)
+    entered = next(i for i, d in enumerate(seen) if d.state == State.HOT)
+    assert seen[entered].engine.max_tokens_per_s is None  # u = 1: no cap
+    caps = [d.engine.max_tokens_per_s for d in seen[entered:]]
+    assert any(c is not None and c > 10.0 for c in caps)  # above the profile's top
+    delivered = [min(5.5 * d.engine.threads, d.engine.max_tokens_per_s or 22.0) for d in seen[entered:]]
+    assert delivered == sorted(delivered, reverse=True)  # each cut a cut, never more than the one before
+    assert caps[-1] == 2.0
