@@ -415,13 +415,11 @@ def test_hot_caps_a_device_faster_than_its_top_rate_relative_to_the_measured_spe
     decoding 22 tok/s, hot at a PI output of 1 leaves the rate alone (a 10 tok/s cap there took 55 % of its tokens
     before the zone was anywhere near its setpoint: fleet:2:16's long chat, 0.91 x `none`), and the cap falls with the
     PI output from the measured speed, through the rates above the profile's top, to its floor."""
-    gov, config, seen = StateMachine(policy), None, []
+    gov, threads, cap, seen = StateMachine(policy), 4, None, []
     for t, temp in enumerate([50.0] * 5 + [76.0] * 3 + [79.0] * 60):
-        threads = config.threads if config is not None else 4
-        cap = config.max_tokens_per_s if config is not None else None
         speed = 5.5 * threads if cap is None else min(5.5 * threads, cap)  # 22 tok/s on 4 threads
         decision = gov.decide(snap(temp), EngineObservation(busy=True, tokens_per_s=speed, threads=threads), float(t))
-        config = decision.engine
+        threads, cap = decision.engine.threads, decision.engine.max_tokens_per_s
         seen.append(decision)
     entered = next(i for i, d in enumerate(seen) if d.state == State.HOT)
     assert seen[entered].engine.max_tokens_per_s is None  # u = 1: no cap
