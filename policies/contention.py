@@ -13,14 +13,16 @@ cores, the thread that shares it stalls all the others (measured on 2 cores with
 - threads <= online CPUs - cores taken, in every state;
 - the engine's own measured decode tokens/s per thread count (learned online, per model and per number of cores
   taken) judges the counts: the fastest is used when it beats the count in force by `measure_margin`, fewer or
-  more; a count that lost is **banned** for `measure_max_age_s` x (how many times slower it was)², up to an hour
-  (a count 15x slower is not tried again for the hour; one 20 % slower, for about three minutes), so a verdict is
-  neither forgotten nor retried on a timer;
+  more; a count that lost is **banned** for `measure_max_age_s` x (how many times slower it was)², doubled for each
+  earlier loss of the same count at the same level (up to 8x), up to an hour (a count 15x slower is not tried again
+  for the hour; one 20 % slower, for about three minutes, then six, twelve...), so a verdict is neither forgotten
+  nor retried on a timer;
 - one thread more is probed only where the cap's premise is in doubt: the run queue holds more of the others'
   runnable tasks than the cores the cap leaves them (on a busy machine the scheduler shares per thread, and more
   threads can win), or the run queue is unknown; one thread fewer where every core counts as the others' (no cap
-  applies then, so nothing else measures fewer); a probe ends at its first measurement (`measure_settle_s` after it
-  starts: a few tokens), at most `probe_max_s`, and a lost probe is banned as above.
+  applies then, so nothing else measures fewer) while the run queue says they leave a core; a probe ends at its
+  first measurement (`measure_settle_s` after it starts: a few tokens), at most `probe_max_s`, and a lost probe is
+  banned as above.
 
 Pure, like the rest of the policy: readings and the time in, a thread limit and its reason out.
 """
@@ -34,6 +36,7 @@ from sensors.snapshot import Cpu, EngineObservation
 
 ALPHA = 0.3  # weight of a new tokens/s sample in the running mean of its thread count
 BAN_MAX_S = 3600.0  # a lost count is tried again at the latest after this long (its load level unchanged)
+LOSSES_MAX = 3  # each loss of the same count at the same load level doubles its ban, up to 8x
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,7 @@ class ThreadFit:
         self._model: str | None = None
         self._rates: dict[tuple[str, int, int], tuple[float, float]] = {}  # (model, taken, threads) -> (tok/s, t)
         self._bans: dict[tuple[str, int, int], float] = {}  # (model, taken, threads) -> not tried again before
+        self._losses: dict[tuple[str, int, int], int] = {}  # (model, taken, threads) -> losses before the last
         self._cpu: Cpu | None = None
         self._busy = False
         self._probe: tuple[int, float] | None = None  # (threads tried, since when)
@@ -116,8 +120,11 @@ class ThreadFit:
         top = max(fresh.values())
         for k, r in fresh.items():
             if r * (1 + cfg.measure_margin) < top:
-                ratio = top / r
-                self._bans[(model, self.taken, k)] = t + min(BAN_MAX_S, cfg.measure_max_age_s * ratio * ratio)
+                key, ratio = (model, self.taken, k), top / r
+                if self._bans.get(key, -1.0) <= t:  # a new loss (not the same one judged again): the ban doubles
+                    self._losses[key] = self._losses.get(key, -1) + 1
+                ban = cfg.measure_max_age_s * ratio * ratio * 2 ** min(self._losses[key], LOSSES_MAX)
+                self._bans[key] = t + min(BAN_MAX_S, ban)
 
     def banned(self, threads: int, t: float) -> bool:
         return self._bans.get((self._model or "", self.taken, threads), -1.0) > t
@@ -201,6 +208,7 @@ class ThreadFit:
         if len(self._rates) > 64:
             self._rates = {k: v for k, v in self._rates.items() if t - v[1] <= BAN_MAX_S}
             self._bans = {k: v for k, v in self._bans.items() if v > t}
+            self._losses = {k: v for k, v in self._losses.items() if k in self._bans}
         if n == threads and measured is None and probe is None:
             return threads, None
         bound = cap if cap is not None and cap < threads else None
@@ -282,11 +290,15 @@ class ThreadFit:
 
     def _fewer(self, n: int) -> int | None:
         """One thread fewer, where every core counts as the others' (no cap applies, so no count below `n` is ever
-        measured otherwise): the level can be wrong (the shares read back while the engine computes on every core
-        overstate what one hog wants, and a busy engine gives no clean sample to lower it), and then the count in
-        force stays, losing 2x beside one hog on 2 cores for a whole chat (issue 27's benchmark)."""
-        count = self._cpu.count if self._cpu is not None else None
-        return n - 1 if count and self.taken >= count and n > 1 else None
+        measured otherwise) but the run queue says they leave one free: the level is then in doubt (the shares read
+        back while the engine computes on every core overstate what one hog wants, and a busy engine gives no clean
+        sample to lower it), and the count in force stayed, losing 2x beside one hog on 2 cores for a whole chat
+        (issue 27's benchmark). A build with a task per core or more keeps its level: no probe."""
+        cpu = self._cpu
+        if cpu is None or not cpu.count or self.taken < cpu.count or n <= 1 or cpu.run_queue is None:
+            return None
+        others = cpu.run_queue - 1 - (n if self._busy else 0)  # the reader itself and the engine's threads
+        return n - 1 if others < cpu.count else None
 
     def readings(self) -> dict[str, float | None]:
         cpu = self._cpu
