@@ -122,12 +122,14 @@ def test_on_a_busy_machine_one_more_thread_is_probed_and_kept(policy: Policy) ->
 
 def test_a_probe_that_loses_backs_off(policy: Policy) -> None:
     """One hog (the issue's table), the run queue unknown: 2 threads lose the probe 25 tok/s to 48 and are not tried
-    again for 120 s x (48 / 25)² = 7.4 minutes after their last comparison; each probe ends at its first figure."""
-    decisions = closed_loop(StateMachine(policy), [HOG] * 900)
+    again for 120 s x (48 / 25)² = 7.4 minutes after their last comparison, then twice as long after the second loss;
+    each probe ends at its first figure."""
+    decisions = closed_loop(StateMachine(policy), [HOG] * 2500)
     seen = [d.engine.threads for d in decisions]
     starts = [i for i in range(1, len(seen)) if seen[i] == 2 and seen[i - 1] == 1]
-    assert len(starts) == 2, starts
+    assert len(starts) == 3, starts
     assert starts[1] - starts[0] >= 120 * (48 / 25) ** 2
+    assert starts[2] - starts[1] >= 2 * 120 * (48 / 25) ** 2
     assert seen[5:].count(2) <= len(starts) * 4  # a settle time and a tick each, not probe_max_s
     assert seen[-1] == 1
 
