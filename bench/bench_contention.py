@@ -100,7 +100,10 @@ def phase(
     for client in sides.values():  # warm up: page in, and let the daemon see the engine busy under this load
         decode_rate(client, args.tokens, args.budget_s)
     alone = [k for k in sides if k != "governed"]
-    settle_s = load_policy("default").contention.dwell_s + 2
+    # The dwell, counted at the daemon's calm tick (5 s while nothing happens): dwell + 2 s left the level the alone
+    # engines raised in force in some rounds (2 threads beside the hog; 4 of 5 rounds in one run, none in the next).
+    policy = load_policy("default")
+    settle_s = policy.contention.dwell_s + policy.timing.calm_interval_s + 2
     for r in range(args.rounds):
         # The alone engines are "other processes" to the daemon: their last answer must be a dwell behind it.
         time.sleep(settle_s)
