@@ -29,6 +29,7 @@ Pure, like the rest of the policy: readings and the time in, a thread limit and 
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from policies.schema import Contention
@@ -36,6 +37,7 @@ from sensors.snapshot import Cpu, EngineObservation
 
 ALPHA = 0.3  # weight of a new tokens/s sample in the running mean of its thread count
 BAN_MAX_S = 3600.0  # a lost count is tried again at the latest after this long (its load level unchanged)
+QUEUE_TICKS = 5  # run-queue samples a probe's premise must hold over (one is an instant)
 LOSSES_MAX = 3  # each loss of the same count at the same load level doubles its ban, up to 8x
 
 
@@ -69,6 +71,7 @@ class ThreadFit:
         self._bans: dict[tuple[str, int, int], float] = {}  # (model, taken, threads) -> not tried again before
         self._losses: dict[tuple[str, int, int], int] = {}  # (model, taken, threads) -> losses before the last
         self._cpu: Cpu | None = None
+        self._queues: deque[int | None] = deque(maxlen=QUEUE_TICKS)  # the run queue's last samples
         self._busy = False
         self._probe: tuple[int, float] | None = None  # (threads tried, since when)
         self._probe_t = -float("inf")  # when the last probe ended
@@ -88,6 +91,7 @@ class ThreadFit:
 
     def update(self, cpu: Cpu, engine: EngineObservation | None, rate_capped: bool, t: float) -> None:
         self._cpu = cpu
+        self._queues.append(cpu.run_queue)
         # Under a rate cap the engine idles for part of each token by choice: its use says nothing of the sharing.
         threads = engine.threads if engine is not None and not rate_capped else None
         self._level(self.demand(cpu, threads), cpu.count, t, clean=self._clean(cpu, engine))
@@ -251,14 +255,25 @@ class ThreadFit:
             if model == self._model and taken == self.taken and t - at <= self.cfg.measure_max_age_s
         }
 
+    def _others_runnable(self, n: int) -> tuple[int, int] | None:
+        """The fewest and the most of the others' runnable tasks over the last `QUEUE_TICKS` samples (the run queue
+        less the reader and the engine's threads while it computes); None: unknown. One sample is an instant: the
+        client reading the stream, the daemon forwarding it and the engine's server thread are runnable now and then,
+        and one such instant beside a single hog made a probe of 2 threads on 2 cores (half the speed of 1)."""
+        queues = self._queues
+        if not queues or any(q is None for q in queues):
+            return None
+        busy = n if self._busy else 0
+        others = [q - 1 - busy for q in queues if q is not None]
+        return min(others), max(others)
+
     def _crowded(self, n: int) -> bool:
-        """The others' runnable tasks outnumber the cores the cap leaves them: the scheduler then shares per thread,
-        and one thread more may win despite the barrier. Unknown run queue: it may."""
-        cpu = self._cpu
-        if cpu is None or cpu.run_queue is None or not cpu.count:
+        """The others' runnable tasks outnumber the cores the cap leaves them, in every recent sample: the scheduler
+        then shares per thread, and one thread more may win despite the barrier. Unknown run queue: it may."""
+        cpu, others = self._cpu, self._others_runnable(n)
+        if cpu is None or not cpu.count or others is None:
             return True
-        others = cpu.run_queue - 1 - (n if self._busy else 0)  # the reader itself and the engine's threads
-        return others > cpu.count - n
+        return others[0] > cpu.count - n
 
     def _probing(self, n: int, threads: int, fresh: dict[int, float], t: float) -> int | None:
         """The count to try instead of `n` (one more thread where the run queue says so; the ungoverned count where
@@ -294,11 +309,10 @@ class ThreadFit:
         back while the engine computes on every core overstate what one hog wants, and a busy engine gives no clean
         sample to lower it), and the count in force stayed, losing 2x beside one hog on 2 cores for a whole chat
         (issue 27's benchmark). A build with a task per core or more keeps its level: no probe."""
-        cpu = self._cpu
-        if cpu is None or not cpu.count or self.taken < cpu.count or n <= 1 or cpu.run_queue is None:
+        cpu, others = self._cpu, self._others_runnable(n)
+        if cpu is None or not cpu.count or self.taken < cpu.count or n <= 1 or others is None:
             return None
-        others = cpu.run_queue - 1 - (n if self._busy else 0)  # the reader itself and the engine's threads
-        return n - 1 if others < cpu.count else None
+        return n - 1 if others[1] < cpu.count else None
 
     def readings(self) -> dict[str, float | None]:
         cpu = self._cpu

@@ -148,6 +148,21 @@ def test_beside_one_hog_the_run_queue_says_no_probe_is_worth_it(policy: Policy) 
     assert seen[3:] == [1] * (len(seen) - 3)
 
 
+def test_an_instant_of_a_longer_run_queue_is_not_a_crowd(policy: Policy) -> None:
+    """As above, but every 7th sample also catches the client reading the stream and the daemon forwarding it (two
+    more runnable tasks for an instant, as on the benchmark's 2-core machine): still never a probe of 2 threads."""
+    gov, threads, seen = StateMachine(policy), 2, []
+    for t in range(900):
+        queue = 1 + threads + 1 + (2 if t % 7 == 0 else 0)
+        cpu = Cpu(freq_ratio=None, throttled=None, count=2, other_cores=HOG, engine_cores=float(threads) * 0.95,
+                  psi_some_avg10=66.5, run_queue=queue)  # fmt: skip
+        threads = gov.decide(
+            snap(50.0).model_copy(update={"cpu": cpu}), engine_at(threads, HOG), float(t)
+        ).engine.threads
+        seen.append(threads)
+    assert seen[3:] == [1] * (len(seen) - 3)
+
+
 def test_a_short_burst_does_not_take_threads(policy: Policy) -> None:
     decisions = closed_loop(StateMachine(policy), [QUIET] * 10 + [HOG] * 1 + [QUIET] * 10, dt=0.5)
     assert {d.engine.threads for d in decisions} == {2}
@@ -236,9 +251,15 @@ def shared(tasks: float, threads: int, busy: bool, count: int = 2) -> Snapshot:
     share of the cores (what /proc/stat shows for the others and for the engine)."""
     running = threads if busy else 0
     share = min(1.0, count / (running + tasks))
-    cpu = Cpu(freq_ratio=None, throttled=None, count=count, other_cores=min(count, tasks * share),
-              engine_cores=running * share, psi_some_avg10=100.0,
-              run_queue=round(tasks) + running + 1)  # fmt: skip (+1: the reader of /proc/stat)
+    cpu = Cpu(
+        freq_ratio=None,
+        throttled=None,
+        count=count,
+        other_cores=min(count, tasks * share),
+        engine_cores=running * share,
+        psi_some_avg10=100.0,
+        run_queue=round(tasks) + running + 1,
+    )  # fmt: skip (+1: the reader of /proc/stat)
     return snap(50.0).model_copy(update={"cpu": cpu})
 
 
