@@ -119,12 +119,15 @@ class HotControl:
         threads = low + math.floor(u * max(0, top - low) + 0.5)
         # Relative to the device: where the engine was measured faster than the profile's top rate, u scales the cap
         # from its measured speed (a phone decoding 22 tok/s under a 12 tok/s top lost 45 % at u = 1, fleet:2:16),
-        # and a cap the engine does not reach is no cap (with the allocator's hysteresis: not a change per tick).
+        # and a cap at the top is no cap (with the allocator's hysteresis: not a change per tick).
         model = self.power.model
-        relative = model.observations > 0 and model.speed(top, 1.0) > top_rate
+        full = model.speed(top, 1.0)
+        relative = model.observations > 0 and full > top_rate
         if relative:
-            top_rate = model.speed(top, 1.0)
+            top_rate = full
         rate = round(low_rate + u * (top_rate - low_rate), 1)
-        lifted = relative and rate >= (LIFT_ABOVE if self._capped else CAP_BELOW) * model.speed(threads, 1.0)
+        # Lifted only near the top (not wherever fewer threads do not reach it: a lift and a cap again at each thread
+        # step, two config changes for one cut).
+        lifted = relative and rate >= (LIFT_ABOVE if self._capped else CAP_BELOW) * full
         self._capped = not lifted
         return self._limits.at(threads, None if lifted else rate)
