@@ -9,7 +9,8 @@ cores, the thread that shares it stalls all the others (measured on 2 cores with
   and is given back below `release_fraction`; counting it needs `enter_debounce_s`, giving it back `dwell_s` of
   continuous quiet **measured cleanly**: while the engine computes and every core is busy, what the others got is
   what the engine left them, not what they want, so such a sample is no evidence that they want less (issue 27: the
-  hog's share beside a busy engine fell under a core and the threads came back, 15x slower);
+  hog's share beside a busy engine fell under a core and the threads came back, 15x slower), unless their demand
+  was read back from the shares (below), which is what they want;
 - threads <= online CPUs - cores taken, in every state;
 - the engine's own measured decode tokens/s per thread count (learned online, per model and per number of cores
   taken) judges the counts: the fastest is used when it beats the count in force by `measure_margin`, fewer or
@@ -19,8 +20,7 @@ cores, the thread that shares it stalls all the others (measured on 2 cores with
   nor retried on a timer;
 - one thread more is probed only where the cap's premise is in doubt: the run queue holds more of the others'
   runnable tasks than the cores the cap leaves them (on a busy machine the scheduler shares per thread, and more
-  threads can win), or the run queue is unknown; one thread fewer where every core counts as the others' (no cap
-  applies then, so nothing else measures fewer) while the run queue says they leave a core; a probe ends at its
+  threads can win), or the run queue is unknown, in each of its last `QUEUE_TICKS` samples; a probe ends at its
   first measurement (`measure_settle_s` after it starts: a few tokens), at most `probe_max_s`, and a lost probe is
   banned as above.
 
@@ -94,7 +94,11 @@ class ThreadFit:
         self._queues.append(cpu.run_queue)
         # Under a rate cap the engine idles for part of each token by choice: its use says nothing of the sharing.
         threads = engine.threads if engine is not None and not rate_capped else None
-        self._level(self.demand(cpu, threads), cpu.count, t, clean=self._clean(cpu, engine))
+        demand = self.demand(cpu, threads)
+        # A demand read back from the shares is what the others want, not what the engine left them: evidence to fall
+        # by (beside one hog, a level other engines raised stayed for a whole chat: 2 threads at half of 1's speed).
+        read_back = demand is not None and cpu.other_cores is not None and demand > cpu.other_cores
+        self._level(demand, cpu.count, t, clean=read_back or self._clean(cpu, engine))
         self._busy = engine is not None and engine.busy
         if engine is None:
             return
@@ -255,25 +259,18 @@ class ThreadFit:
             if model == self._model and taken == self.taken and t - at <= self.cfg.measure_max_age_s
         }
 
-    def _others_runnable(self, n: int) -> tuple[int, int] | None:
-        """The fewest and the most of the others' runnable tasks over the last `QUEUE_TICKS` samples (the run queue
-        less the reader and the engine's threads while it computes); None: unknown. One sample is an instant: the
-        client reading the stream, the daemon forwarding it and the engine's server thread are runnable now and then,
-        and one such instant beside a single hog made a probe of 2 threads on 2 cores (half the speed of 1)."""
-        queues = self._queues
-        if not queues or any(q is None for q in queues):
-            return None
-        busy = n if self._busy else 0
-        others = [q - 1 - busy for q in queues if q is not None]
-        return min(others), max(others)
-
     def _crowded(self, n: int) -> bool:
-        """The others' runnable tasks outnumber the cores the cap leaves them, in every recent sample: the scheduler
-        then shares per thread, and one thread more may win despite the barrier. Unknown run queue: it may."""
-        cpu, others = self._cpu, self._others_runnable(n)
-        if cpu is None or not cpu.count or others is None:
+        """The others' runnable tasks (the run queue less the reader and the engine's threads while it computes)
+        outnumber the cores the cap leaves them in each of the last `QUEUE_TICKS` samples: the scheduler then shares
+        per thread, and one thread more may win despite the barrier. Unknown run queue: it may. One sample is an
+        instant: the client reading the stream, the daemon forwarding it and the engine's server thread are runnable
+        now and then, and one such instant beside a single hog made a probe of 2 threads on 2 cores (half the speed
+        of 1)."""
+        cpu, queues = self._cpu, self._queues
+        if cpu is None or not cpu.count or not queues or any(q is None for q in queues):
             return True
-        return others[0] > cpu.count - n
+        busy = n if self._busy else 0
+        return min(q for q in queues if q is not None) - 1 - busy > cpu.count - n
 
     def _probing(self, n: int, threads: int, fresh: dict[int, float], t: float) -> int | None:
         """The count to try instead of `n` (one more thread where the run queue says so; the ungoverned count where
@@ -296,23 +293,12 @@ class ThreadFit:
             and t - self._probe_t >= cfg.probe_interval_s
         ):
             return None
-        options = [self._ungoverned, n + 1 if n < threads and self._crowded(n) else None, self._fewer(n)]
+        options = [self._ungoverned, n + 1 if n < threads and self._crowded(n) else None]
         for option in options:
             if option is not None and option != n and option not in fresh and not self.banned(option, t):
                 self._probe = (option, t)
                 return option
         return None
-
-    def _fewer(self, n: int) -> int | None:
-        """One thread fewer, where every core counts as the others' (no cap applies, so no count below `n` is ever
-        measured otherwise) but the run queue says they leave one free: the level is then in doubt (the shares read
-        back while the engine computes on every core overstate what one hog wants, and a busy engine gives no clean
-        sample to lower it), and the count in force stayed, losing 2x beside one hog on 2 cores for a whole chat
-        (issue 27's benchmark). A build with a task per core or more keeps its level: no probe."""
-        cpu, others = self._cpu, self._others_runnable(n)
-        if cpu is None or not cpu.count or self.taken < cpu.count or n <= 1 or others is None:
-            return None
-        return n - 1 if others[1] < cpu.count else None
 
     def readings(self) -> dict[str, float | None]:
         cpu = self._cpu
