@@ -239,7 +239,12 @@ class StateMachine:
         active = [limits[activity]]
         if pin is None and (self.state == State.LOW_BATTERY or trig[State.LOW_BATTERY].on):
             active.append(limits[State.LOW_BATTERY])  # a client's pin overrides low battery, never hot or critical
-        if self.state == State.HOT:
+        # In critical for memory alone the heat is still hot's to govern once the zone reaches the setpoint: its limits
+        # apply as in hot (else the engine ran unlimited into the kernel's throttling: fleet:2:12's squeeze, 131 s)
+        temp = sense.view.temp_c
+        over = temp is not None and temp >= sense.view.setpoint_c
+        memory_hot = self.state == State.CRITICAL and self._memory_only(sense) and trig[State.HOT].on and over
+        if self.state == State.HOT or memory_hot:
             active += self.hot.limits(
                 sense.view, untrusted=sense.untrusted, throttled=sense.cpu_throttled, prev=prev, t=t, cpus=self._cpus,
                 prefill=self._prefill, contended=self._contended,
@@ -249,15 +254,15 @@ class StateMachine:
             most = self.hot.ceiling.limit(t)  # a count hot cut again soon after rising to it waits here too
             if most is not None and self.state in ACTIVITY:
                 active.append(limits[activity].at(most, None))
-            if self.state == State.CRITICAL and self._memory_only(sense):
-                # Out of memory and nothing else: the critical profile's memory (smallest tier, context, KV), not its
-                # CPU limits; one thread at 1 tok/s frees no memory and loses every token it could have made.
-                crit = limits[State.CRITICAL]
-                active.append(crit.at(THREADS_MAX, None))
-            elif self.state == State.CRITICAL:
-                active += [limits[State.CRITICAL], self.hot.at(0.0, self._cpus)]
-                if self.power.enabled:
-                    self.power.allocate(0.0, self._cpus)
+        if self.state == State.CRITICAL and self._memory_only(sense):
+            # Out of memory and nothing else: the critical profile's memory (smallest tier, context, KV), not its
+            # CPU limits; one thread at 1 tok/s frees no memory and loses every token it could have made.
+            crit = limits[State.CRITICAL]
+            active.append(crit.at(THREADS_MAX, None))
+        elif self.state == State.CRITICAL:
+            active += [limits[State.CRITICAL], self.hot.at(0.0, self._cpus)]
+            if self.power.enabled:
+                self.power.allocate(0.0, self._cpus)
         return active
 
     def _recover(

@@ -68,3 +68,13 @@ def test_back_after_the_kernel_stopped_throttling_for_the_backoff_which_then_dou
     assert a.backoff_s == 2 * BACKOFF_S
     a.aside(t + 1, hot=False, u=None, throttled=False, temp_c=40.0)  # out of hot: the back-off starts over
     assert a.backoff_s == BACKOFF_S
+
+
+def test_in_critical_for_memory_alone_the_heat_is_still_hots_to_govern() -> None:
+    gov = StateMachine(POLICY)
+    cpu = Cpu(freq_ratio=1.0, throttled=False, count=4)
+    low = snap(79.5, trips=[("passive", 80.0), ("critical", 100.0)], available_mb=80).model_copy(update={"cpu": cpu})
+    out = [gov.decide(low, BUSY, float(i)) for i in range(30)]
+    assert out[-1].state == State.CRITICAL
+    assert out[-1].engine.threads < 4  # hot's cut: 0.5 °C under the trip, the engine does not run unlimited into it
+    assert out[-1].engine.max_tokens_per_s is not None
