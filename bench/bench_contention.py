@@ -13,8 +13,9 @@ the alone engines' answers are "other processes" to the daemon, and must not be 
   governed ÷ the best fixed thread count >= 0.9;
 - quiet: no hog; goal governed ÷ alone >= 0.97;
 - chat (issue 27): `--chat-s` (300) of back-to-back answers from the governed engine beside the hog, the alone
-  engines idle; the engine's thread count is read after every answer. Goal: no flip-flop (a count left and then
-  returned to; an upward probe that is aborted within its answer does not show as a change of the count in force).
+  engines idle; the engine's thread count is read after every answer. Goal: no flip-flop (a count left for more
+  than one answer and then returned to); a one-answer excursion (the policy's bounded probe of another count,
+  measured and undone) is counted apart.
 
 Decode tok/s = (tokens - 1) ÷ (last chunk - first chunk), tokens from the engine's own counter; an answer that has
 not finished after `--budget-s` is cut there (a stalled 2-thread engine beside a hog can take minutes). The machine
@@ -140,13 +141,21 @@ def chat(client: EngineClient, args: argparse.Namespace) -> None:
         counts.append(threads)
     changes = sum(1 for a, b in itertools.pairwise(counts) if a != b)
     print(f"  {len(counts)} answers, median {statistics.median(rates):.1f} tok/s; threads after each: {counts}")
-    print(f"  thread-count changes {changes}, flip-flops {flips(counts)} (goal 0)")
+    flipped, probes = flips(counts)
+    print(f"  thread-count changes {changes}, flip-flops {flipped} (goal 0), one-answer probes {probes}")
 
 
-def flips(counts: list[int]) -> int:
-    """Returns to a count left before (2 -> 1 -> 2 is one): the flip-flop the issue names."""
-    runs = [c for i, c in enumerate(counts) if i == 0 or c != counts[i - 1]]
-    return sum(1 for i in range(2, len(runs)) if runs[i] == runs[i - 2])
+def flips(counts: list[int]) -> tuple[int, int]:
+    """(flip-flops, probes): returns to a count left before (2 -> 1 -> 2), where the excursion held for more than one
+    answer, and where it lasted one answer (the policy's bounded probe of another count, measured and undone)."""
+    runs: list[tuple[int, int]] = []  # (count, answers at it)
+    for c in counts:
+        if runs and runs[-1][0] == c:
+            runs[-1] = (c, runs[-1][1] + 1)
+        else:
+            runs.append((c, 1))
+    returns = [runs[i - 1][1] for i in range(2, len(runs)) if runs[i][0] == runs[i - 2][0]]
+    return sum(1 for n in returns if n > 1), sum(1 for n in returns if n == 1)
 
 
 def main() -> int:
