@@ -279,7 +279,7 @@ class ThreadFit:
         if self._probe is not None:
             tried, since = self._probe
             at = self._rates.get((self._model or "", self.taken, tried), (0.0, -float("inf")))[1]
-            if at < since and t - since < cfg.probe_max_s and tried in (n + 1, n - 1, self._ungoverned) and n in fresh:
+            if at < since and t - since < cfg.probe_max_s and tried in (n + 1, self._ungoverned) and n in fresh:
                 return tried
             self._probe, self._probe_t = None, t  # measured (or given up): the verdicts judge from here
             self.returning = True
@@ -295,7 +295,7 @@ class ThreadFit:
             return None
         options = [self._ungoverned, n + 1 if n < threads and self._crowded(n) else None]
         for option in options:
-            if option is not None and option != n and option not in fresh and not self.banned(option, t):
+            if option is not None and option > n and option not in fresh and not self.banned(option, t):
                 self._probe = (option, t)
                 return option
         return None

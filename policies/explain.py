@@ -266,9 +266,7 @@ def explain(k: Tick, fired: str, clause: Clause) -> tuple[str, Readings]:
             clauses += why[1:]
         else:
             note = k.contention
-            above = (note.probe is not None and note.probe[0] > note.probe[1]) or (
-                note.measured is not None and note.measured[0] > note.measured[2]
-            )
+            above = note.probe is not None or (note.measured is not None and note.measured[0] > note.measured[2])
             if note.passthrough or note.ungoverned_probe:
                 clauses.append(", ".join(why))
             else:
