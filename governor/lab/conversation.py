@@ -24,11 +24,12 @@ class Conversation:
             return float(request.system_tokens + request.prompt_tokens), 0
         shifts = 0
         need = self.pending + request.prompt_tokens + request.answer_tokens
+        if self.ctx and self.ctx + need > n_ctx:
+            # prefix reuse: the cached part shifts (a warm swap's cache may lack the last turn's tail: `pending`)
+            shifts = self.shift(need, n_ctx)
         if self.pending and self.ctx + need > n_ctx:
             # re-evaluating after a reload: nothing cached to shift, trim what is evaluated (n_keep/n_discard)
-            self.pending = max(0.0, min(self.pending, n_ctx // 2 - request.prompt_tokens))
-        elif self.ctx + need > n_ctx:
-            shifts = self.shift(need, n_ctx)  # prefix reuse: only the new prompt is evaluated after the shift
+            self.pending = max(0.0, min(self.pending, n_ctx // 2 - self.ctx - request.prompt_tokens))
         prefill, self.pending = self.pending + request.prompt_tokens, 0.0
         return prefill, shifts
 
