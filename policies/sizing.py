@@ -115,17 +115,26 @@ class Sizing:
         return result.model, result.n_ctx, result.kv_type, result
 
     def _kill(self, tier: Candidate) -> str | None:
-        """Why even the smallest setting of `tier` (the model in force) would meet the killer now, or None when it
-        would only re-read its weights from storage (a switch the dwell does not excuse)."""
+        """Why even the smallest setting of `tier` (the model in force) would meet the killer now, or leave less than
+        the memory floor (critical: the smallest tier at the next tick anyway); None when it would only re-read its
+        weights from storage (a switch the dwell does not excuse)."""
         room = self.memory.room
-        smallest = self.memory.smallest([tier])
-        if room is None or not self.memory.kill_predicted(smallest, [tier], lmkd=self.lmkd):
+        if room is None:
             return None
-        counted = self.memory.kill_bytes(smallest, [tier], lmkd=self.lmkd) / MIB
-        return (
-            f"switch within the model dwell: {tier.name} would be killed ({counted:.0f} MiB the killer counts,"
-            f" {room / MIB:.0f} MiB left)"
-        )
+        smallest = self.memory.smallest([tier])
+        if self.memory.kill_predicted(smallest, [tier], lmkd=self.lmkd):
+            counted = self.memory.kill_bytes(smallest, [tier], lmkd=self.lmkd) / MIB
+            return (
+                f"switch within the model dwell: {tier.name} would be killed ({counted:.0f} MiB the killer counts,"
+                f" {room / MIB:.0f} MiB left)"
+            )
+        floor = self.policy.memory.floor_mb * MIB
+        if smallest.bytes > room - floor:  # kept, it runs into the floor (issue 27's fleet: 0.5 s later)
+            return (
+                f"switch within the model dwell: {tier.name} at its smallest ({smallest.bytes / MIB:.0f} MiB) would"
+                f" leave less than the {floor / MIB:.0f} MiB memory floor ({room / MIB:.0f} MiB left)"
+            )
+        return None
 
     def pool_mib(self, fitted: Fit | None) -> float:
         """The LoRA adapter pool: none without adapters in the ladder; the fit's (memory shrinks it first), else

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from governor.lab.catalog import load_device
+from governor.lab.conversation import Conversation
 from governor.lab.engine import EngineSim
 from governor.lab.stats import batch_efficiency
 from governor.lab.workload import Request
@@ -84,3 +85,20 @@ def test_a_smaller_n_batch_takes_less_memory_and_evaluates_prompts_slower_keepin
     assert batch_efficiency(64) < 0.75 < batch_efficiency(512) == 1.0
     evaluation = 400 / (4 * SMALL.prefill_thread_tok_s * batch_efficiency(64))
     assert engine.stats.ttft_s[-1] == pytest.approx(evaluation, rel=0.1)
+
+
+def test_a_cache_and_a_pending_tail_that_outgrow_the_context_shift_the_cache_rather_than_fail() -> None:
+    """After a warm swap the new context may hold all but the last tokens of the answer (`pending`): the next turn
+    shifts what is cached, as the real engine's prefix reuse does, and answers (issue 27's fleet: the turn failed as
+    a prompt that alone does not fit, 7 cells of 1000)."""
+    chat = Conversation(ctx=490.0, history=491.0, pending=1.0)
+    prefill, shifts = chat.begin(Request(0.0, 128, 200, new_conversation=False, system_tokens=0), n_ctx=512)
+    assert shifts >= 1
+    assert prefill == 129  # the pending tail, then the prompt
+    assert chat.ctx + prefill < 512  # the answer starts (answering.py fails a turn whose prompt alone does not fit)
+
+
+def test_a_pending_conversation_after_a_reload_is_trimmed_to_half_the_context() -> None:
+    chat = Conversation(ctx=0.0, history=900.0, pending=900.0)
+    prefill, shifts = chat.begin(Request(0.0, 100, 200, new_conversation=False, system_tokens=0), n_ctx=512)
+    assert (prefill, shifts) == (256, 0)

@@ -130,3 +130,22 @@ def test_a_second_switch_within_the_dwell_only_for_a_predicted_kill_and_the_deci
     assert first.readings["switch_kill"] is None
     assert second.readings["switch_kill"] is True
     assert "switch within the model dwell: qwen2.5-0.5b-q4km would be killed" in second.reason
+
+
+def test_a_second_switch_within_the_dwell_when_keeping_the_model_would_cross_the_memory_floor() -> None:
+    """As above, but where the kernel's killer spares the mapped weights: 720 MiB left, the 0.5B's smallest setting
+    (680 MiB, weights too) would leave less than the 100 MiB memory floor, which is critical (the smallest tier) at
+    the next tick anyway. The switch is excused, and says so (issue 27's fleet: 2 memory-squeeze cells of 1000
+    counted it as a switch within 5 minutes; kept in the lab, the model met the floor 0.5 s later)."""
+    gov = governor("llama-3.2-1b-q4km", "qwen2.5-0.5b-q4km", "smollm2-360m-q8", n_ctx=4096)
+
+    def room(t: float) -> float:
+        return 1300.0 if t < 300 else 1130.0 if t < 330 else 720.0
+
+    decisions = closed_loop(gov, room, 360)
+    moved = switches(decisions)
+    assert [d.engine.model for d in moved] == ["qwen2.5-0.5b-q4km", "smollm2-360m-q8"]
+    first, second = moved
+    assert first.readings["switch_kill"] is None
+    assert second.readings["switch_kill"] is True
+    assert "would leave less than the 100 MiB memory floor" in second.reason
