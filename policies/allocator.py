@@ -212,10 +212,16 @@ class PowerAllocator:
         if temp_c < trip_c - self._guard_c or temp_c <= last:
             return u
         below = [r for r in self.ratios if r < (self.freq or 1.0) - 1e-9]
-        if not below:
-            return u
         full = self.model.load(self.full_threads(cpus), 1.0)
-        return min(u, self.model.load(threads, below[-1]) / full)
+        if below and temp_c < trip_c <= temp_c + (temp_c - last):
+            # At the trip by the next tick at this rise (a small die under a step in load: fleet:2:108's 2.1 J/K die
+            # rose 0.2-0.3 °C a tick, past the trip while the clock came down a step a tick): the lowest clock now.
+            # Over the trip, a step a tick (as step_wise).
+            return min(u, self.model.load(threads, self.ratios[0]) / full)
+        if below:
+            return min(u, self.model.load(threads, below[-1]) / full)
+        # At the lowest clock the step is one thread fewer (the kernel has no step left to take either).
+        return min(u, self.model.load(threads - 1, self.ratios[0]) / full) if threads > 1 else u
 
     def allocate(self, u: float, cpus: int | None, *, prefill: bool = False, contended: bool = False) -> Choice:
         """`prefill`: the engine is busy with no tokens coming (a prompt): compute-bound, the clock is worth all of

@@ -37,9 +37,13 @@ class Authority:
         """Stepped aside: how long without throttling brings hot's limits back; else None."""
         return self.backoff_s if self.aside_t is not None else None
 
-    def aside(self, t: float, *, hot: bool, u: float | None, throttled: bool | None, temp_c: float | None) -> bool:
+    def aside(
+        self, t: float, *, hot: bool, u: float | None, throttled: bool | None, temp_c: float | None,
+        trip_c: float | None = None,
+    ) -> bool:  # fmt: skip
         """Whether hot's limits step aside this tick (`u`: the PI's last output; `throttled`: the kernel holds the
-        clock down; None: unknown, never a reason to step aside)."""
+        clock down; None: unknown, never a reason to step aside; `trip_c`: the zone's trip: a zone more than `FALL_C`
+        under it is not held at its trip by others, the kernel's step is only waiting out its hysteresis)."""
         if not hot:  # out of hot: the back-off starts over
             self._since = self._start_c = self.aside_t = self._calm_t = None
             self.backoff_s = BACKOFF_S
@@ -54,7 +58,8 @@ class Authority:
             self.aside_t = self._calm_t = self._since = None  # back: the PI starts again from the power in use
             self.backoff_s = min(2 * self.backoff_s, BACKOFF_MAX_S)
             return False
-        if u is None or u > FLOOR_U or throttled is not True or temp_c is None:
+        under = trip_c is not None and temp_c is not None and temp_c < trip_c - FALL_C
+        if u is None or u > FLOOR_U or throttled is not True or temp_c is None or under:
             self._since = self._start_c = None
             return False
         if self._since is None or self._start_c is None or temp_c <= self._start_c - FALL_C:

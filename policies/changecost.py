@@ -101,11 +101,16 @@ class ChangeGate:
         self.footprints = footprints
         self.dwell = Dwell(changes.live_dwell_s, changes.amortize, changes.model_dwell_s)
         self._live_t = self._reload_t = self._model_t = -math.inf
+        self._switch_t = -math.inf  # the last model switch (not the first load)
         self.decode_tok_s: float | None = None  # the engine's last decode rate (the price's prefill prior)
 
     def model_waits(self, t: float) -> bool:
         """A model switch now would come sooner than `model_dwell_s` after the last one."""
         return self.changes.enabled and t - self._model_t < self.dwell.model_s
+
+    def switch_waits(self, t: float) -> bool:
+        """A model switch now would come sooner than `model_dwell_s` after the last switch (the first load aside)."""
+        return self.changes.enabled and t - self._switch_t < self.dwell.model_s
 
     def price(self, prev: EngineConfig, want: EngineConfig, engine: EngineObservation | None) -> Price:
         ch = self.changes
@@ -161,4 +166,6 @@ class ChangeGate:
             self._reload_t = t
         if prev is None or prev.model != config.model:
             self._model_t = t
+        if prev is not None and prev.model != config.model:
+            self._switch_t = t
         return config

@@ -43,6 +43,7 @@ class Tick(NamedTuple):
     declined: str | None = None  # a wanted change that waits for its price (policies/changecost.py)
     aside_s: float | None = None  # hot steps aside (policies/authority.py): back after this long without throttling
     ceiling: tuple[int, float] | None = None  # hot's threads at most, for this long (policies/ceiling.py)
+    tier: tuple[str, float | None] | None = None  # hot's largest tier, the budget's share of ungoverned (tierstep.py)
 
 
 def _headroom(v: ThermalView) -> str:
@@ -174,6 +175,9 @@ def rule_of(k: Tick) -> tuple[str, Clause]:
     if k.state == State.HOT and k.aside_s is not None:
         back = k.aside_s
         return "thermal.aside", lambda: _aside(v, back)
+    stepped = k.tier is not None and k.prev is not None and k.prev.model != k.config.model == k.tier[0]
+    if k.state == State.HOT and stepped:
+        return "thermal.tier", lambda: _tier(v, k)
     if k.state == State.HOT and k.pi_u is not None and v.temp_c is not None:
         u, ceiling = k.pi_u, k.ceiling
         if ceiling is not None:
@@ -210,6 +214,16 @@ def _ceiling(ceiling: tuple[int, float]) -> str:
     return (
         f"{_threads(most)} at most for {left:.0f} s more: hot had to cut {most + 1} again within "
         f"{CYCLE_S:.0f} s of coming back to them (no limit cycle)"
+    )
+
+
+def _tier(v: ThermalView, k: Tick) -> str:
+    limit, share = k.tier or ("", None)
+    prev = k.prev.model if k.prev is not None else "?"
+    how = "" if share is None else f" at {share:.2f} x"
+    return (
+        f"{_headroom(v)}; hot's budget decodes {prev}{how} the ungoverned engine (every thread at the lowest clock, "
+        f"the kernel's deepest throttling): {limit} at most, a smaller tier (more tokens per watt)"
     )
 
 

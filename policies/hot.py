@@ -48,7 +48,10 @@ class HotControl:
     ) -> list[Limits]:  # fmt: skip
         """The hot limits of this tick (`throttled`: the kernel holds the clock down; `prefill`: the engine evaluates a
         prompt; `contended`: others hold cores)."""
-        aside = self.authority.aside(t, hot=True, u=self.u, throttled=throttled, temp_c=view.temp_c)
+        # Where hot caps the clock, a zone under its trip is not held there by others: the kernel's step only waits
+        # out its hysteresis, and takes no clock hot's floor has not (policies/authority.py).
+        trip = view.trip_c if self.power.enabled else None
+        aside = self.authority.aside(t, hot=True, u=self.u, throttled=throttled, temp_c=view.temp_c, trip_c=trip)
         over = view.temp_c is not None and view.temp_c >= view.setpoint_c
         self.ceiling.observe(t, prev.threads if prev is not None else None, over_setpoint=over)
         most = self.ceiling.limit(t)

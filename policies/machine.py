@@ -26,6 +26,7 @@ from policies.memfit import Fit, ModelFootprint
 from policies.readings import Sense
 from policies.schema import KV_ORDER, Limits, Policy, Power, all_of
 from policies.sizing import Sizing
+from policies.tierstep import TierStep
 from sensors.snapshot import Cpu, EngineObservation, Snapshot
 
 MITIGATING = frozenset({State.HOT, State.CRITICAL})
@@ -69,6 +70,8 @@ class StateMachine:
         self._limits = {state: Limits.of(state, profile) for state, profile in policy.states.items()}
         self.power = PowerAllocator(policy, freq_ratios, prior, self.footprints)
         self.hot = HotControl(policy, self.power)
+        weights = {name: float(fp.file_bytes) for name, fp in self.footprints.items()}
+        self.tiers = TierStep([tier.name for tier in ladder.tiers], weights) if ladder is not None else None
 
     # -- the tick ----------------------------------------------------------------------------------------------
 
@@ -138,6 +141,9 @@ class StateMachine:
         n_ctx = min([lim.n_ctx for lim in active] + [h.max_ctx for h in sizing if h.max_ctx is not None])
         kv: KvType = KV_ORDER[max(lim.kv_rank for lim in active)]
         tiers = [h.max_tier for h in sizing if h.max_tier is not None]
+        stepped = self._tier_step(prev, engine, t)
+        if stepped is not None:
+            tiers.append(stepped)
         model, n_ctx, kv, fitted = self.sizing.fit(
             active,
             n_ctx=n_ctx,
@@ -155,7 +161,8 @@ class StateMachine:
         )
         urgent = self._urgency(
             prev, config, snapshot=snapshot, sense=sense, previous_state=previous_state, contention=contention,
-            capped=bool(caps or rate_caps), sized=bool(sizing), fitted=fitted,
+            capped=bool(caps or rate_caps), sized=bool(sizing) or self._tier_due(prev, model, stepped, t),
+            fitted=fitted,
         )  # fmt: skip
         config, declined = self.gate.admit(prev, config, urgent=urgent, engine=engine, t=t, build=self._config)
         if prev is None or config.threads != prev.threads:
@@ -170,6 +177,7 @@ class StateMachine:
             aside_s=self.hot.authority.back_after_s if self.state == State.HOT else None,
             ceiling=self.hot.ceiling.note(t) if self.state == State.HOT else None,
             sized_by=tuple(h.owner for h in sizing if model == h.max_tier or n_ctx == h.max_ctx),
+            tier=None if stepped is None or self.tiers is None else (stepped, self.tiers.share),
         )  # fmt: skip
         self._calm = self._is_calm(sense, engine, label)
         fired, clause = rule_of(tick)
@@ -276,6 +284,29 @@ class StateMachine:
                 rate = prev.max_tokens_per_s if rate is None else min(rate, prev.max_tokens_per_s)
         self._ramping = threads < target
         return threads, rate
+
+    def _tier_step(self, prev: EngineConfig | None, engine: EngineObservation | None, t: float) -> str | None:
+        """Hot's largest tier where its budget leaves the tier in force far slower than the ungoverned engine
+        (policies/tierstep.py; with a writable clock, judged while the engine decodes)."""
+        steps, choice, ratios, model = self.tiers, self.power.choice, self.power.ratios, self.power.model
+        if steps is None or self.state != State.HOT:
+            if steps is not None:
+                steps.leave()
+            return None
+        decoding = engine is not None and engine.busy and bool(engine.tokens_per_s)  # idle, the zone cools: no news
+        if choice is None or ratios is None or prev is None or not decoding or self.hot.authority.back_after_s:
+            return steps.limit
+        ungoverned = model.speed(self.power.full_threads(self._cpus), ratios[0])  # the kernel's deepest step
+        governed = model.speed(choice.threads, choice.freq_ratio)
+        if choice.rate is not None and model.a is not None:
+            governed = min(governed, choice.rate)
+        return steps.observe(t, prev.model, governed / ungoverned if ungoverned > 0 else 1.0)
+
+    def _tier_due(self, prev: EngineConfig | None, model: str, stepped: str | None, t: float) -> bool:
+        """Hot's step down to a smaller tier pays its price at once (it was held `HOLD_S` and buys several times the
+        tokens), but not sooner than `model_dwell_s` after the last model switch."""
+        due = stepped is not None and prev is not None and model == stepped != prev.model
+        return due and not self.gate.switch_waits(t)
 
     def _set_cores(self, cpu: Cpu) -> None:
         key = (cpu.clusters, cpu.count)

@@ -246,7 +246,9 @@ def test_near_the_trip_and_rising_the_clock_drops_a_step_per_tick_before_the_pi_
         assert all(d.state == State.HOT for d in decisions[14:])
         clocks[margin] = [d.freq_ratio for d in decisions[15:]]
     assert clocks[0.0] == [0.9] * 9  # the PI alone: 0.93-0.96 all the way to 79.95 °C, the 0.9 step's budget
-    assert clocks[0.25] == [0.9, 0.9, 0.8, 0.7, 0.6, 0.6, 0.6, 0.6, 0.6]  # from 79.8 °C (>= 79.75), while rising
+    # from 79.8 °C (>= 79.75), while rising, a step a tick; at 79.9 °C rising 0.1 °C a tick the trip is a tick away:
+    # the lowest clock at once
+    assert clocks[0.25] == [0.9, 0.9, 0.8, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4]
 
 
 def test_the_guard_acts_only_within_its_margin_of_the_trip_and_while_rising() -> None:
@@ -255,8 +257,8 @@ def test_the_guard_acts_only_within_its_margin_of_the_trip_and_while_rising() ->
     assert power.guard(1.0, 79.7, 80.0, 4, 4) == 1.0  # rising, but 0.3 °C under the trip
     assert power.guard(1.0, 79.8, 80.0, 4, 4) == 0.9**2.5  # rising within 0.25 °C: the clock step under 1.0
     assert power.guard(1.0, 79.8, 80.0, 4, 4) == 1.0  # level: the PI's own
-    assert power.guard(0.5, 79.9, 80.0, 4, 4) == 0.5  # the PI already asks for less: kept
-    assert power.guard(1.0, 80.5, 80.0, 2, 4) == 2 * 0.9**2.5 / 4  # at the threads in force
+    assert power.guard(0.5, 79.85, 80.0, 4, 4) == 0.5  # the PI already asks for less: kept
+    assert power.guard(1.0, 80.5, 80.0, 2, 4) == 2 * 0.9**2.5 / 4  # at the threads in force (over the trip: a step)
 
 
 def test_speed_figures_are_the_models_and_come_back_with_it() -> None:
