@@ -300,9 +300,10 @@ class PowerAllocator:
         *,
         battery: Battery | None,
         on_power: bool,
+        slow: bool = False,
     ) -> None:
-        """Teach the model what the configuration in force (`threads`, `rate_cap`) did: tokens/s, and watts where
-        a battery says."""
+        """Teach the model what the configuration in force (`threads`, `rate_cap`; `slow`: on the slowest cluster
+        alone) did: tokens/s, and watts where a battery says."""
         if engine is None or not engine.busy:
             return
         if engine.model is not None:
@@ -311,7 +312,7 @@ class PowerAllocator:
         if freq_ratio is not None:
             freq = min(freq, freq_ratio)  # the kernel's own throttling counts too
         watts = battery.power_w if battery is not None and not on_power else None
-        self.model.observe(threads, freq, engine.tokens_per_s, rate_cap, watts)
+        self.model.observe(threads, freq, engine.tokens_per_s, rate_cap, watts, slow=slow)
 
     def freq_now(self, t: float, recover_step_s: float) -> float | None:
         """The clock cap: the allocator's in hot and critical; coming back it starts from the clock the last budget

@@ -88,8 +88,8 @@ class DeviceModel:
         self._model_name = name
         self.a, self.ceiling0, self._recent = self._speeds.pop(name, (self._prior_a, None, {}))
 
-    def load(self, threads: int, freq: float) -> float:
-        return self.cores.power(threads) * math.pow(freq, self.k)
+    def load(self, threads: int, freq: float, *, slow: bool = False) -> float:
+        return self.cores.power(threads, slow=slow) * math.pow(freq, self.k)
 
     def grid(self, threads: Sequence[int], ratios: Sequence[float]) -> tuple[tuple[int, float, float], ...]:
         """(threads, clock, load) for every clock x thread count, the fewest watts first (by load, then threads; equals
@@ -101,9 +101,10 @@ class DeviceModel:
             self._grid_of, self._grid = key, tuple(sorted(cells, key=lambda c: (c[2], c[0])))  # stable
         return self._grid
 
-    def speed(self, threads: int, freq: float) -> float:
-        """Predicted decode tokens/s; in units of one thread at the top clock while `a` is unknown."""
-        compute = (self.a or 1.0) * self.cores.speed(threads) * freq
+    def speed(self, threads: int, freq: float, *, slow: bool = False) -> float:
+        """Predicted decode tokens/s (`slow`: on the slowest cluster alone); in units of one thread at the top clock
+        while `a` is unknown."""
+        compute = (self.a or 1.0) * self.cores.speed(threads, slow=slow) * freq
         return compute if self.ceiling is None else min(compute, self.ceiling)
 
     def power_w(self, threads: int, freq: float, duty: float = 1.0) -> float:
@@ -119,20 +120,23 @@ class DeviceModel:
         tok_s: float | None,
         rate_cap: float | None,
         power_w: float | None,
+        *,
+        slow: bool = False,
     ) -> None:
-        """One tick's measurement at the configuration in force (`freq` the clock the CPU actually ran at)."""
+        """One tick's measurement at the configuration in force (`freq` the clock the CPU actually ran at; `slow`: the
+        threads ran on the slowest cluster alone)."""
         duty = 1.0
         if tok_s is not None and tok_s > 0 and threads > 0 and freq > 0:
             if rate_cap is not None and tok_s >= RATE_LIMITED * rate_cap:
-                duty = min(1.0, tok_s / max(self.speed(threads, freq), 1e-9)) if self.a else 1.0
+                duty = min(1.0, tok_s / max(self.speed(threads, freq, slow=slow), 1e-9)) if self.a else 1.0
             else:
-                self._observe_speed(threads, freq, tok_s)
+                self._observe_speed(threads, freq, tok_s, slow)
         if power_w is not None and math.isfinite(power_w) and 0 < power_w < 1000 and tok_s:
-            self._observe_power(self.load(threads, freq) * duty, power_w)
+            self._observe_power(self.load(threads, freq, slow=slow) * duty, power_w)
 
-    def _observe_speed(self, threads: int, freq: float, tok_s: float) -> None:
+    def _observe_speed(self, threads: int, freq: float, tok_s: float, slow: bool = False) -> None:
         self.observations += 1
-        per = tok_s / (self.cores.speed(threads) * freq)
+        per = tok_s / (self.cores.speed(threads, slow=slow) * freq)
         if self.a is None or per >= self.a * SPEED_DECAY:
             self.a = per if self.a is None else max(per, self.a * SPEED_DECAY)
         else:
@@ -141,6 +145,8 @@ class DeviceModel:
             self._toward_ceiling(tok_s)
         elif self.ceiling0 is not None and tok_s * self._fill_scale > self.ceiling0:
             self.ceiling0 = tok_s * self._fill_scale
+        if slow:  # the figures by (threads, clock) are of the fastest cores (clocks compared, probes)
+            return
         key = (threads, round(freq, 4))
         old = self._recent.get(key)
         fresh = old is not None and self.observations - old[1] <= RECENT_OBS

@@ -44,6 +44,7 @@ class Tick(NamedTuple):
     aside_s: float | None = None  # hot steps aside (policies/authority.py): back after this long without throttling
     ceiling: tuple[int, float] | None = None  # hot's threads at most, for this long (policies/ceiling.py)
     tier: tuple[str, float | None] | None = None  # hot's largest tier, the budget's share of ungoverned (tierstep.py)
+    slow: tuple[int, ...] = ()  # hot's threads run on these CPUs, the slowest cluster alone (policies/hot.py)
 
 
 def _headroom(v: ThermalView) -> str:
@@ -185,6 +186,15 @@ def rule_of(k: Tick) -> tuple[str, Clause]:
                 "thermal.ceiling",
                 lambda: f"{_headroom(v)}, setpoint {_n(v.setpoint_c)} °C, PI output {u:.2f}; " + (_ceiling(ceiling)),
             )
+        if k.slow:
+            cpus = k.slow
+            return (
+                "thermal.slow_cores",
+                lambda: (
+                    f"{_headroom(v)}, setpoint {_n(v.setpoint_c)} °C, PI output {u:.2f}; threads on CPUs "
+                    f"{_span(cpus)}, the slowest cores: more tokens within hot's power than on the fastest"
+                ),
+            )
         return "thermal.pi", lambda: f"{_headroom(v)}, setpoint {_n(v.setpoint_c)} °C, PI output {u:.2f}"
     rule, clause = _why_on(k, k.state)
     if k.fit is not None and k.fit.wait is not None:
@@ -207,6 +217,17 @@ def rule_of(k: Tick) -> tuple[str, Clause]:
     else:
         rule = f"state.{k.state.value}"
     return rule, clause
+
+
+def _span(cpus: tuple[int, ...]) -> str:
+    """CPUs as ranges, e.g. "2-7" or "0, 4-5"."""
+    runs: list[list[int]] = []
+    for c in cpus:
+        if runs and c == runs[-1][-1] + 1:
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def _ceiling(ceiling: tuple[int, float]) -> str:

@@ -4,21 +4,34 @@ threads x rate (policies/allocator.py), with the guard that keeps the trip.
 
 The state machine (policies/machine.py) asks for these limits while the state is hot, and for the hot profile at its
 floor in critical. The PI starts bumpless from the power in use, and again once a zone reads after none did; where
-the heat is not the engine's, hot steps aside (`Authority`, policies/authority.py). Pure: all state lives in the
-object.
+the heat is not the engine's, hot steps aside (`Authority`, policies/authority.py).
+
+Where the clock is not writable and the cores differ (a phone under Termux), the limits' power can buy more tokens on
+the slowest cluster alone: hot's threads and rate cap are priced as a power budget (the device model's load of that
+many of the fastest cores at the cap's duty) and the little cores take it when they are predicted `SLOW_GAIN` faster
+within it (`slow`; policies/cores.py). While they run uncapped just under the setpoint (`HOLD_C`) the PI holds its
+output: a budget they cannot use would wind it up until the big cores won it back, heating the zone past the setpoint
+each time (the randomized phones: up to 2.2 config changes a minute). Further under it the PI goes on, so a zone with
+room to spare gets the big cores back (always holding cost the shipped phone's long chat 2 % of its tokens).
+
+Pure: all state lives in the object.
 """
 
 from __future__ import annotations
 
 import math
 
-from policies.allocator import CAP_BELOW, LIFT_ABOVE, PowerAllocator
-from policies.authority import Authority
+from policies.allocator import CAP_BELOW, LIFT_ABOVE, RATE_DEADBAND, PowerAllocator
+from policies.authority import FLOOR_U, Authority
 from policies.ceiling import Ceiling
 from policies.controller import PIController
 from policies.decision import EngineConfig, State
 from policies.readings import ThermalView
-from policies.schema import Limits, Policy
+from policies.schema import Limits, Policy, all_of
+
+SLOW_GAIN = 1.15  # the slowest cluster alone: when predicted this much faster within hot's power (back: 1 / this)
+FLOOR_NEAR_C = 0.5  # ... at the PI's floor within this of the trip, their cap falls toward the floor's tokens
+HOLD_C = 0.5  # ... running uncapped within this of the setpoint (under it), the PI's output holds
 
 
 class HotControl:
@@ -31,6 +44,11 @@ class HotControl:
         self.authority = Authority()  # hot steps aside where the heat is not the engine's (policies/authority.py)
         self.ceiling = Ceiling()  # a thread count hot cut again soon after rising to it waits (policies/ceiling.py)
         self._capped = False  # the last `at` capped the rate (the cap's hysteresis)
+        self.slow = False  # hot's threads run on the slowest cluster alone (no writable clock, cores that differ)
+        self._slow_full = False  # ... uncapped: the power budget is more than they use
+        self._slow_rate: float | None = None  # ... the rate cap they had
+        self.prompt_fast = False  # ... but this tick a prompt: on the fastest cores
+        self._floor = 0.0  # ... how far their cap has fallen toward hot's floor (0-1)
 
     def reset(self) -> None:
         """The PI starts again, bumpless, the next time."""
@@ -38,6 +56,8 @@ class HotControl:
 
     def leave(self, t: float) -> None:
         """Not hot: the PI starts again next time, and a step aside's back-off starts over."""
+        self.slow = self._slow_full = self.prompt_fast = False
+        self._floor = 0.0
         self.authority.aside(t, hot=False, u=self.u, throttled=None, temp_c=None)
         self.ceiling.leave()
         self.reset()
@@ -53,7 +73,8 @@ class HotControl:
         trip = view.trip_c if self.power.enabled else None
         aside = self.authority.aside(t, hot=True, u=self.u, throttled=throttled, temp_c=view.temp_c, trip_c=trip)
         over = view.temp_c is not None and view.temp_c >= view.setpoint_c
-        self.ceiling.observe(t, prev.threads if prev is not None else None, over_setpoint=over)
+        # (threads on the slowest cluster are not a rise or cut of hot's thread count on the fastest cores)
+        self.ceiling.observe(t, prev.threads if prev is not None and not self.slow else None, over_setpoint=over)
         most = self.ceiling.limit(t)
         self.ceiling.asked(None)
         out: list[Limits] = []
@@ -69,14 +90,22 @@ class HotControl:
             return out
         if aside:  # the kernel throttles with hot's cut at its floor: pass-through; the PI restarts bumpless
             self.reset()
+            self.slow = False
             return out
-        u = self._pi_output(view, prev, t, cpus)
+        self.prompt_fast = prefill and view.temp_c is not None and view.temp_c < view.setpoint_c
+        near = view.temp_c is not None and view.setpoint_c - HOLD_C < view.temp_c < view.setpoint_c
+        if self.slow and self._slow_full and near and self._pi is not None and self.u is not None:
+            u = self.u  # the little cores use less than the budget, near the setpoint: hold it (then on from here)
+            self._pi.start(view.setpoint_c, view.temp_c or view.setpoint_c, u, t)
+        else:
+            u = self._pi_output(view, prev, t, cpus)
         if not self.power.enabled:
             limits = self.at(u, cpus)
             if most is not None and limits.threads > most:  # the rate cap u places stays: one thread is no hotter
                 limits = limits.at(most, limits.rate)
+            limits = self._place(limits, cpus, u, view, t)
             out.append(limits)
-            self.ceiling.asked(limits.threads)
+            self.ceiling.asked(None if self.slow else limits.threads)
             return out
         # a power budget, allocated to clock x threads x rate
         if prefill and view.temp_c is not None and view.temp_c < view.setpoint_c:
@@ -92,6 +121,49 @@ class HotControl:
         choice = self.power.allocate(u, cpus, prefill=prefill, contended=contended)
         out.append(self._limits.at(choice.threads, choice.rate))
         return out
+
+    def _place(self, limits: Limits, cpus: int | None, u: float, view: ThermalView, t: float) -> Limits:
+        """Hot's limits on the fastest cores, or the same power on the slowest cluster alone where that is predicted
+        `SLOW_GAIN` faster (then `slow`): the fewest threads there within 1 % of their most speed, rate-capped to the
+        budget where they would exceed it. With the PI at its floor and the zone within `FLOOR_NEAR_C` of the trip,
+        their cap falls toward the tokens of hot's floor on the fastest cores, all the way at the trip: the floor stays
+        a floor where the little cores draw more than the model's capacity² says (the shipped phone's 4 little cores,
+        uncapped at the floor's budget, took its skin to the trip and the kernel throttled 32 % of the run)."""
+        model = self.power.model
+        cores = model.cores
+        self._slow_full = False
+        if not cores.slow_cpus or model.observations == 0:
+            self.slow = False
+            return limits
+        n = cores.best(limits.threads)
+        fast = model.speed(n, 1.0)
+        got = fast if limits.rate is None else min(fast, limits.rate)
+        budget = model.load(n, 1.0) * (got / fast if fast > 0 else 1.0)
+        # As many threads there as add speed (a prompt is compute-bound and the rate cap does not pace it, so every
+        # core shortens it); the rate cap holds decode within the budget
+        best_k, top = 0, 0.0
+        for k in range(1, min(len(cores.slow_cpus), all_of(self._limits.threads, cpus)) + 1):
+            speed = model.speed(k, 1.0, slow=True)
+            if speed > top * 1.01:
+                best_k, top = k, speed
+        best_tok = top * min(1.0, budget / model.load(best_k, 1.0, slow=True)) if best_k else 0.0
+        self.slow = best_k > 0 and best_tok >= (1 / SLOW_GAIN if self.slow else SLOW_GAIN) * got
+        if not self.slow:
+            self._slow_rate = None
+            return limits
+        temp = view.temp_c  # at the PI's floor within FLOOR_NEAR_C of the trip: their cap falls toward the floor's
+        near = 0.0 if temp is None or u > FLOOR_U else (temp - view.trip_c + FLOOR_NEAR_C) / FLOOR_NEAR_C
+        self._floor = min(1.0, max(0.0, near))
+        if self._floor > 0 and best_tok > got:
+            best_tok -= (best_tok - got) * self._floor
+        self._slow_full = self._floor == 0 and model.load(best_k, 1.0, slow=True) <= budget
+        rate, last = None, self._slow_rate
+        if not self._slow_full:
+            rate = max(self.policy.states[State.HOT].rate_range[0] or 0.1, round(best_tok, 1))
+            if last is not None and abs(rate - last) <= RATE_DEADBAND * last:
+                rate = last  # the PI's wobble is not a reconfiguration
+        self._slow_rate = rate
+        return limits.at(best_k, rate)
 
     def _pi_output(self, view: ThermalView, prev: EngineConfig | None, t: float, cpus: int | None) -> float:
         setpoint, switch_on, temp = view.setpoint_c, view.hot_exit_c, view.temp_c

@@ -67,6 +67,8 @@ class StateMachine:
         self._configs: dict[tuple[object, ...], EngineConfig] = {}
         self._ramping = False
         self._calm = False
+        self._slow_placed = False  # the last decision placed the threads on the slowest cluster alone (hot's `slow`)
+        self._slow_cpus = False  # ... and its affinity put them there (not a prompt under the setpoint)
         self._limits = {state: Limits.of(state, profile) for state, profile in policy.states.items()}
         self.power = PowerAllocator(policy, freq_ratios, prior, self.footprints)
         self.hot = HotControl(policy, self.power)
@@ -105,7 +107,10 @@ class StateMachine:
             self.power.context(engine, prev.kv_type)
         if prev is not None and not self._contended:  # the device model is of the device alone
             rate_cap, freq = prev.max_tokens_per_s, snapshot.cpu.freq_ratio
-            self.power.observe(prev.threads, rate_cap, freq, engine, battery=sense.battery, on_power=sense.on_power)
+            self.power.observe(
+                prev.threads, rate_cap, freq, engine, battery=sense.battery, on_power=sense.on_power,
+                slow=self._slow_cpus,
+            )  # fmt: skip
         self.power.choice, self._cpus = None, snapshot.cpu.count
         self._set_cores(snapshot.cpu)
         self._prefill = engine is not None and engine.busy and not engine.tokens_per_s  # a prompt: no tokens yet
@@ -121,7 +126,9 @@ class StateMachine:
         # On cores of different speed, the count at or under that with the most speed (policies/cores.py).
         cores = self.power.model.cores
         allowed = all_of(min([lim.threads for lim in active] + caps), snapshot.cpu.count)
-        threads = cores.best(allowed)
+        slow = self.hot.slow  # hot's threads on the slowest cluster alone: as many as asked, up to its cores
+        best = (lambda n: min(n, len(cores.slow_cpus))) if slow else cores.best
+        threads = best(allowed)
         # ... and none on cores other processes hold, unless fewer measured faster (policies/contention.py); where
         # the cores' speeds chose fewer than the engine would run ungoverned, and nothing asked for a loss, that count
         # is measured against it now and then: governing never loses to nothing (`ungoverned`).
@@ -129,12 +136,15 @@ class StateMachine:
         ungoverned = None if asked or allowed >= THREADS_MAX else allowed
         threads, contention = self._fit_threads.limit(threads, t, ungoverned=ungoverned)
         if contention is None or (contention.measured is None and contention.probe is None):
-            threads = cores.best(threads)  # measured (or being measured) counts stand as they are
+            threads = best(threads)  # measured (or being measured) counts stand as they are
         rates = [lim.rate for lim in active if lim.rate is not None] + rate_caps
         rate = min(rates) if rates else None
         measured = contention is not None and (contention.measured is not None or contention.probe is not None)
-        if measured or (self.state == State.HOT and self.hot.authority.back_after_s is not None):
-            self._ramping = False  # measured counts, or hot stepped aside: the engine as ungoverned, no ramp
+        moved = slow and not self._slow_placed
+        if measured or moved or (self.state == State.HOT and self.hot.authority.back_after_s is not None):
+            # measured counts, hot stepped aside (the engine as ungoverned), or threads moved to the slowest cores
+            # (less power, not a rise): no ramp
+            self._ramping = False
         else:
             threads, rate = self._recover(threads, rate, prev, t)
         freq = self.power.freq_now(t, self.policy.timing.recover_step_s)
@@ -167,6 +177,11 @@ class StateMachine:
         config, declined = self.gate.admit(prev, config, urgent=urgent, engine=engine, t=t, build=self._config)
         if prev is None or config.threads != prev.threads:
             self._threads_t = t  # recovery steps count from here
+        if declined is None or config != prev:  # (a change that waits for its price stays where it was)
+            self._slow_placed = slow
+        # a prompt under the setpoint runs on the fastest cores, the same threads (no reconfiguration): it is
+        # compute-bound and short, and on little cores its wait grew 3-fold (the shipped phone's android-termux)
+        self._slow_cpus = self._slow_placed and not self.hot.prompt_fast
         self._waiting = fitted is not None and fitted.wait is not None
 
         tick = Tick(
@@ -176,6 +191,7 @@ class StateMachine:
             contention=contention, load=self._fit_threads.readings(), declined=declined,
             aside_s=self.hot.authority.back_after_s if self.state == State.HOT else None,
             ceiling=self.hot.ceiling.note(t) if self.state == State.HOT else None,
+            slow=cores.slow_cpus if self._slow_cpus else (),
             sized_by=tuple(h.owner for h in sizing if model == h.max_tier or n_ctx == h.max_ctx),
             tier=None if stepped is None or self.tiers is None else (stepped, self.tiers.share),
         )  # fmt: skip
@@ -317,7 +333,7 @@ class StateMachine:
     def _placement(self, config: EngineConfig) -> tuple[int, ...] | None:
         """The CPUs for the threads: the fastest cores for their count; None where every core is alike."""
         cores = self.power.model.cores
-        return None if cores.alike else cores.cpus(config.threads)
+        return None if cores.alike else cores.cpus(config.threads, slow=self._slow_cpus)
 
     def _memory_only(self, sense: Sense) -> bool:
         """Critical for the memory floor alone (no heat, no battery, no given-up engine)."""

@@ -107,3 +107,21 @@ def test_beside_a_build_the_pi5_prompts_are_not_cut_under_the_setpoint() -> None
     assert governed.j_per_token <= ungoverned.j_per_token
     assert governed.peak_c < governed.trip_c
     assert governed.throttled_pct == 0.0
+
+
+@pytest.mark.slow
+def test_a_phone_whose_clock_termux_cannot_set_keeps_its_skin_on_the_little_cores_and_beats_ungoverned() -> None:
+    """Issue 27's randomized phone (2 big + 6 little cores, skin trip 41.8 °C): hot held the skin with one big thread
+    under a 1 tok/s cap, 0.57 x the ungoverned engine's tokens at 1.6 x its J/token, where the kernel's own throttling
+    (63.6 % of the run) lowered the clock, f^2.5 cheaper. The same watts on the little cores give the ungoverned
+    engine's tokens (every answer of the chat) at 0.91 x its J/token, with no throttling."""
+    governed, ungoverned = (
+        cell("fleet:2:0:phone", "default", "long-chat"),
+        cell("fleet:2:0:phone", NONE, "long-chat"),
+    )
+    assert ungoverned.throttled_pct > 50
+    assert governed.throttled_pct == 0.0
+    assert governed.tokens >= ungoverned.tokens
+    assert governed.j_per_token is not None
+    assert ungoverned.j_per_token is not None
+    assert governed.j_per_token <= 0.95 * ungoverned.j_per_token

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from policies.cores import Cores
-from policies.decision import Decision
+from policies.decision import Decision, State
 from policies.loader import load_policy
 from policies.machine import StateMachine
 from sensors.snapshot import Cluster, Cpu, EngineObservation, Snapshot
@@ -75,3 +77,94 @@ def test_where_the_cores_model_is_right_the_probe_loses_and_rests() -> None:
     assert 1 <= len(starts) <= 2, starts
     assert seen.count(8) <= 4 * len(starts)  # a few seconds a probe
     assert seen[-1] == 2
+
+
+def test_the_slowest_cluster_alone_costs_a_capacitys_share_of_the_power_per_token() -> None:
+    cores = Cores(BIG_LITTLE, 8)
+    assert cores.slow_cpus == (0, 1, 2, 3, 4, 5)
+    assert [cores.speed(n, slow=True) for n in (1, 6, 8)] == pytest.approx([0.3, 1.8, 1.8])  # 6 cores there
+    assert cores.power(6, slow=True) == pytest.approx(6 * 0.09)
+    assert cores.cpus(3, slow=True) == (0, 1, 2, 3, 4, 5)
+    assert Cores((), 4).slow_cpus == ()
+
+
+def hot_phone(
+    clusters: tuple[Cluster, ...], seconds: int, temp_c: float = 58.8, gov: StateMachine | None = None
+) -> list[Decision]:
+    """`default` on an 8-core phone whose clock Termux cannot set, its zone held at `temp_c` (the trip 60 °C, hot's
+    setpoint 58 °C: over it the PI cuts to its floor), driving an engine that decodes 5 tok/s per big-core equivalent
+    where it is placed, up to the cap."""
+    gov = gov or StateMachine(load_policy("default"))
+    cores = Cores(clusters, 8)
+    hot = snap(temp_c, trips=[("passive", 60.0)])
+    out: list[Decision] = []
+    threads, rate = 8, None
+    cpus: tuple[int, ...] = ()
+    start = int(gov.last.t) + 1 if gov.last is not None else 0
+    for t in range(start, start + seconds):
+        slow = bool(cpus) and cpus == cores.slow_cpus
+        speed = 5.0 * cores.speed(threads, slow=slow)
+        tok = speed if rate is None else min(speed, rate)
+        engine = EngineObservation(busy=True, tokens_per_s=tok, model="m", threads=threads)
+        cpu = Cpu(freq_ratio=1.0, throttled=False, count=8, clusters=clusters, other_cores=0.05, engine_cores=threads,
+                  run_queue=threads + 1)  # fmt: skip
+        decision = gov.decide(hot.model_copy(update={"cpu": cpu}), engine, float(t))
+        threads, cpus, rate = decision.engine.threads, decision.affinity or (), decision.engine.max_tokens_per_s
+        out.append(decision)
+    return out
+
+
+def test_in_hot_without_a_clock_the_phone_spends_hots_power_on_its_little_cores() -> None:
+    """Hot's floor on the big cores is one thread under a rate cap; the same watts on the 0.3-capacity cores alone
+    decode 1 / 0.3 as many tokens (issue 27's randomized phones: 0.57 -> 1.04 x the ungoverned engine's tokens over
+    a long chat, at 0.87 x its J/token, without the kernel throttling). The why names the rule."""
+    seen = hot_phone(BIG_LITTLE, 300)
+    last = seen[-1]
+    assert last.state.value == "hot"
+    assert last.affinity == (0, 1, 2, 3, 4, 5)
+    assert last.rule == "thermal.slow_cores"
+    assert "threads on CPUs 0-5, the slowest cores" in last.reason
+    floor = load_policy("default").states[State.HOT].rate_range[0]
+    assert floor is not None
+    assert last.engine.max_tokens_per_s is not None
+    assert last.engine.max_tokens_per_s >= 2.5 * floor  # the floor's watts on the little cores
+    assert sum(1 for a, b in itertools.pairwise(seen) if a.affinity != b.affinity) <= 3  # no flapping
+
+
+def test_near_the_trip_with_the_pi_at_its_floor_the_little_cores_fall_back_to_the_floors_tokens() -> None:
+    """Where the little cores draw more than the model's capacity² (or the world heats the zone), hot's floor must
+    still be reachable: within 0.5 °C of the trip with the PI at its floor their cap falls toward what hot's floor gives
+    on a big core (the same tokens for less power), all the way at the trip, and they stay where they are."""
+    floor = load_policy("default").states[State.HOT].rate_range[0]
+    caps = {}
+    for temp in (59.0, 59.75, 60.0):
+        last = hot_phone(BIG_LITTLE, 300, temp_c=temp)[-1]
+        assert last.affinity == (0, 1, 2, 3, 4, 5)
+        caps[temp] = last.engine.max_tokens_per_s
+    assert caps[60.0] == floor
+    assert caps[59.0] is not None
+    assert caps[59.75] is not None
+    assert floor is not None
+    assert floor < caps[59.75] < caps[59.0]
+
+
+def test_uncapped_on_the_little_cores_just_under_the_setpoint_the_pi_holds_its_output() -> None:
+    """A budget the little cores cannot use would wind the PI up until the big cores won it back, heating the zone past
+    the setpoint each time: running uncapped within 0.5 °C under it, the output holds; further under, it rises."""
+    gov = StateMachine(load_policy("default"))
+    hot_phone(BIG_LITTLE, 300, gov=gov)  # to the little cores
+    near = hot_phone(BIG_LITTLE, 120, temp_c=57.7, gov=gov)
+    assert all(d.affinity == (0, 1, 2, 3, 4, 5) for d in near[-60:])
+    held = gov.hot.u
+    hot_phone(BIG_LITTLE, 60, temp_c=57.7, gov=gov)
+    assert held is not None
+    assert gov.hot.u == held
+    hot_phone(BIG_LITTLE, 60, temp_c=56.0, gov=gov)  # room to spare: the PI goes on
+    assert gov.hot.u is not None
+    assert gov.hot.u > held
+
+
+def test_on_alike_cores_hot_places_nothing() -> None:
+    seen = hot_phone((Cluster(cpus=tuple(range(8)), capacity=1.0),), 120)
+    assert all(d.affinity is None for d in seen)
+    assert seen[-1].rule == "thermal.pi"
