@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 LOSS = 0.8  # step down when the tier in force decodes under this share of the ungoverned engine's estimate
 BACK = 1.0  # a bigger tier comes back once it would decode this share of it
 GAIN = 1.25  # only to a tier this much faster by its weights (a model load for a few percent is not worth it)
-HOLD_S = 30.0  # the condition holds this long (the PI's budget of a moment is no reason to load a model)
+HOLD_S = 15.0  # the condition holds this long (the PI's budget of a moment is no reason to load a model)
 
 
 class TierStep:
