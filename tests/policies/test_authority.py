@@ -4,6 +4,8 @@ hot keeps governing."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from policies import StateMachine
 from policies.authority import BACKOFF_S, WINDOW_S, Authority
 from policies.decision import Decision, State
@@ -78,3 +80,21 @@ def test_in_critical_for_memory_alone_the_heat_is_still_hots_to_govern() -> None
     assert out[-1].state == State.CRITICAL
     assert out[-1].engine.threads < 4  # hot's cut: 0.5 °C under the trip, the engine does not run unlimited into it
     assert out[-1].engine.max_tokens_per_s is not None
+
+
+def test_in_critical_for_memory_alone_the_pis_next_decimal_is_not_a_change_per_tick() -> None:
+    # hot's PI drifts the rate cap a decimal a tick over the setpoint; critical made each one urgent (fleet:2:181: 44
+    # config changes a minute). A step of RATE_STEP either way, or a thread, still goes at once.
+    gov = StateMachine(make_policy(changes={"enabled": True}))
+    cpu = Cpu(freq_ratio=1.0, throttled=False, count=4)
+    trips = [("passive", 80.0), ("critical", 100.0)]
+    out = [
+        gov.decide(snap(78.8, trips=trips, available_mb=80).model_copy(update={"cpu": cpu}), BUSY, i * 0.5)
+        for i in range(480)
+    ]
+    assert all(d.state == State.CRITICAL for d in out[10:])
+    capped = [d.engine.max_tokens_per_s for d in out if d.engine.max_tokens_per_s is not None]
+    assert capped
+    assert capped[-1] < capped[0]  # the PI still governs the heat
+    changes = sum(a.engine != b.engine for a, b in pairwise(out[10:]))
+    assert changes <= 240 / 30 + 4  # about one per live dwell (and the steps), not one per tick
