@@ -34,7 +34,7 @@ ACTIVITY = frozenset({State.IDLE, State.SUSTAINED})
 NEAR_TRIP_C = 0.5  # this close to the binding zone's trip a cut in power is urgent (pays any price)
 URGENT_CUT = 0.25  # over the PI's setpoint, a cut of the rate cap by this share (or a thread) pays any price
 NEAR_TRIP_CUT = 0.1  # ... and this near the trip
-RATE_STEP = 0.2  # in critical for memory alone, a rate cap change this large (either way) is urgent, a smaller waits
+RATE_STEP = 0.2  # in critical for memory alone, a thread or a rate cap step this large either way is urgent
 CONFIGS_KEPT = 256  # distinct engine configs remembered (the hot allocator's rate cap can take many values)
 
 
@@ -357,9 +357,7 @@ class StateMachine:
         old_rate, new_rate = prev.max_tokens_per_s or math.inf, config.max_tokens_per_s or math.inf
         cut = fewer or new_rate <= (1 - URGENT_CUT) * old_rate  # a real cut, not the PI's next decimal
         step = fewer or new_rate <= (1 - NEAR_TRIP_CUT) * old_rate
-        # In critical for memory alone, threads and the rate cap follow hot's PI: a thread or a rate cap step of
-        # RATE_STEP either way is urgent, the PI's next decimal waits the live dwell (each was a change: fleet:2:181,
-        # 44 config changes a minute); context, KV and model keep critical's urgency
+        # critical for memory alone: the PI's next decimal waits the live dwell (fleet:2:181: 44 changes a minute)
         moved = config.threads != prev.threads or not (1 - RATE_STEP) * old_rate < new_rate < old_rate / (1 - RATE_STEP)
         crit_live = crit and (moved or not (sense.crit_memory and self._memory_only(sense)))
         near_trip = temp is not None and temp >= view.trip_c - NEAR_TRIP_C
