@@ -64,10 +64,12 @@ class HotControl:
 
     def limits(
         self, view: ThermalView, *, untrusted: bool, throttled: bool | None, prev: EngineConfig | None, t: float,
-        cpus: int | None, prefill: bool, contended: bool,
+        cpus: int | None, prefill: bool, contended: bool, place: bool = True,
     ) -> list[Limits]:  # fmt: skip
         """The hot limits of this tick (`throttled`: the kernel holds the clock down; `prefill`: the engine evaluates a
-        prompt; `contended`: others hold cores)."""
+        prompt; `contended`: others hold cores; `place`: the slowest cluster may take them, in hot proper, not where
+        critical for memory borrows hot's limits only while the zone is over the setpoint: there they come and go, and
+        a move between clusters each way doubled the changes, fleet:2:181's burst 28.8 -> 41.7 a minute)."""
         # Where hot caps the clock, a zone under its trip is not held there by others: the kernel's step only waits
         # out its hysteresis, and takes no clock hot's floor has not (policies/authority.py).
         trip = view.trip_c if self.power.enabled else None
@@ -103,7 +105,10 @@ class HotControl:
             limits = self.at(u, cpus)
             if most is not None and limits.threads > most:  # the rate cap u places stays: one thread is no hotter
                 limits = limits.at(most, limits.rate)
-            limits = self._place(limits, cpus, u, view, t)
+            if place:
+                limits = self._place(limits, cpus, u, view, t)
+            else:
+                self.slow = self._slow_full = False
             out.append(limits)
             self.ceiling.asked(None if self.slow else limits.threads)
             return out

@@ -89,14 +89,18 @@ def test_the_slowest_cluster_alone_costs_a_capacitys_share_of_the_power_per_toke
 
 
 def hot_phone(
-    clusters: tuple[Cluster, ...], seconds: int, temp_c: float = 58.8, gov: StateMachine | None = None
+    clusters: tuple[Cluster, ...],
+    seconds: int,
+    temp_c: float = 58.8,
+    gov: StateMachine | None = None,
+    available_mb: float = 4096.0,
 ) -> list[Decision]:
     """`default` on an 8-core phone whose clock Termux cannot set, its zone held at `temp_c` (the trip 60 °C, hot's
     setpoint 58 °C: over it the PI cuts to its floor), driving an engine that decodes 5 tok/s per big-core equivalent
     where it is placed, up to the cap."""
     gov = gov or StateMachine(load_policy("default"))
     cores = Cores(clusters, 8)
-    hot = snap(temp_c, trips=[("passive", 60.0)])
+    hot = snap(temp_c, trips=[("passive", 60.0)], available_mb=available_mb)
     out: list[Decision] = []
     threads, rate = 8, None
     cpus: tuple[int, ...] = ()
@@ -168,3 +172,12 @@ def test_on_alike_cores_hot_places_nothing() -> None:
     seen = hot_phone((Cluster(cpus=tuple(range(8)), capacity=1.0),), 120)
     assert all(d.affinity is None for d in seen)
     assert seen[-1].rule == "thermal.pi"
+
+
+def test_where_critical_for_memory_borrows_hots_limits_the_threads_stay_on_the_fastest_cores() -> None:
+    """There hot's limits apply only while the zone is over the setpoint, so they come and go; a move to the little
+    cores and back each time doubled the config changes (fleet:2:181's burst, 28.8 -> 41.7 a minute)."""
+    seen = hot_phone(BIG_LITTLE, 300, available_mb=50.0)
+    assert seen[-1].state.value == "critical"
+    assert seen[-1].engine.max_tokens_per_s is not None  # hot's limits in force
+    assert all(d.affinity != (0, 1, 2, 3, 4, 5) for d in seen)
