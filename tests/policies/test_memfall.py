@@ -113,22 +113,28 @@ def test_a_slow_drift_is_not_extrapolated_over_the_model_dwell() -> None:
     assert [d.engine.model for d in switches(decisions)] == ["qwen2.5-0.5b-q4km"]
 
 
-def test_a_second_switch_within_the_dwell_only_for_a_predicted_kill_and_the_decision_says_so() -> None:
-    """Where Android's lmkd counts the mapped weights: a step takes the 1B to the 0.5B; 30 s later another leaves
-    620 MiB before a kill, less than the 0.5B's smallest setting (680 MiB). The second switch (to the 360M) cannot
-    wait its 5 minutes; the decision records why (`switch_kill`, and the reason), which is what lets the lab's judge
-    excuse it. The first switch records nothing."""
+def second_switch(*, lmkd: bool) -> Decision:
+    """Memory falls from 1300 to 1130 MiB at 300 s (one switch, to the 0.5B) and to 720 MiB at 330 s, inside the model
+    dwell: the second switch, to the smallest tier, excused (`switch_kill`) where the first records nothing."""
     gov = governor("llama-3.2-1b-q4km", "qwen2.5-0.5b-q4km", "smollm2-360m-q8", n_ctx=4096)
 
     def room(t: float) -> float:
         return 1300.0 if t < 300 else 1130.0 if t < 330 else 720.0
 
-    decisions = closed_loop(gov, room, 360, lmkd=True)
-    moved = switches(decisions)
+    moved = switches(closed_loop(gov, room, 360, lmkd=lmkd))
     assert [d.engine.model for d in moved] == ["qwen2.5-0.5b-q4km", "smollm2-360m-q8"]
     first, second = moved
     assert first.readings["switch_kill"] is None
     assert second.readings["switch_kill"] is True
+    return second
+
+
+def test_a_second_switch_within_the_dwell_only_for_a_predicted_kill_and_the_decision_says_so() -> None:
+    """Where Android's lmkd counts the mapped weights: a step takes the 1B to the 0.5B; 30 s later another leaves
+    620 MiB before a kill, less than the 0.5B's smallest setting (680 MiB). The second switch (to the 360M) cannot
+    wait its 5 minutes; the decision records why (`switch_kill`, and the reason), which is what lets the lab's judge
+    excuse it. The first switch records nothing."""
+    second = second_switch(lmkd=True)
     assert "switch within the model dwell: qwen2.5-0.5b-q4km would be killed" in second.reason
 
 
@@ -137,15 +143,5 @@ def test_a_second_switch_within_the_dwell_when_keeping_the_model_would_cross_the
     (680 MiB, weights too) would leave less than the 100 MiB memory floor, which is critical (the smallest tier) at
     the next tick anyway. The switch is excused, and says so (issue 27's fleet: 2 memory-squeeze cells of 1000
     counted it as a switch within 5 minutes; kept in the lab, the model met the floor 0.5 s later)."""
-    gov = governor("llama-3.2-1b-q4km", "qwen2.5-0.5b-q4km", "smollm2-360m-q8", n_ctx=4096)
-
-    def room(t: float) -> float:
-        return 1300.0 if t < 300 else 1130.0 if t < 330 else 720.0
-
-    decisions = closed_loop(gov, room, 360)
-    moved = switches(decisions)
-    assert [d.engine.model for d in moved] == ["qwen2.5-0.5b-q4km", "smollm2-360m-q8"]
-    first, second = moved
-    assert first.readings["switch_kill"] is None
-    assert second.readings["switch_kill"] is True
+    second = second_switch(lmkd=False)
     assert "would leave less than the 100 MiB memory floor" in second.reason
