@@ -47,8 +47,7 @@ class HotControl:
         self.slow = False  # hot's threads run on the slowest cluster alone (no writable clock, cores that differ)
         self._slow_full = False  # ... uncapped: the power budget is more than they use
         self._slow_rate: float | None = None  # ... the rate cap they had
-        self.prompt_fast = False  # ... but this tick a prompt: on the fastest cores
-        self._floor = 0.0  # ... how far their cap has fallen toward hot's floor (0-1)
+        self.prompt_fast = False  # ... but this tick a prompt under the setpoint: on the fastest cores
 
     def reset(self) -> None:
         """The PI starts again, bumpless, the next time."""
@@ -57,7 +56,6 @@ class HotControl:
     def leave(self, t: float) -> None:
         """Not hot: the PI starts again next time, and a step aside's back-off starts over."""
         self.slow = self._slow_full = self.prompt_fast = False
-        self._floor = 0.0
         self.authority.aside(t, hot=False, u=self.u, throttled=None, temp_c=None)
         self.ceiling.leave()
         self.reset()
@@ -158,10 +156,10 @@ class HotControl:
             return limits
         temp = view.temp_c  # at the PI's floor within FLOOR_NEAR_C of the trip: their cap falls toward the floor's
         near = 0.0 if temp is None or u > FLOOR_U else (temp - view.trip_c + FLOOR_NEAR_C) / FLOOR_NEAR_C
-        self._floor = min(1.0, max(0.0, near))
-        if self._floor > 0 and best_tok > got:
-            best_tok -= (best_tok - got) * self._floor
-        self._slow_full = self._floor == 0 and model.load(best_k, 1.0, slow=True) <= budget
+        floor = min(1.0, max(0.0, near))
+        if floor > 0 and best_tok > got:
+            best_tok -= (best_tok - got) * floor
+        self._slow_full = floor == 0 and model.load(best_k, 1.0, slow=True) <= budget
         rate, last = None, self._slow_rate
         if not self._slow_full:
             rate = max(self.policy.states[State.HOT].rate_range[0] or 0.1, round(best_tok, 1))
