@@ -35,6 +35,14 @@ FREQ_STEP = 0.1  # coming back from hot, the clock cap rises by this share of th
 Key = tuple[float, float, int, float]  # (tokens/s within the budget, load, threads, clock)
 
 
+def steady(rate: float | None, last: float | None) -> float | None:
+    """A new rate cap within `RATE_DEADBAND` of the last one keeps the last one: the PI's wobble is not a
+    reconfiguration."""
+    if rate is not None and last is not None and abs(rate - last) <= RATE_DEADBAND * last:
+        return last
+    return rate
+
+
 class Choice(NamedTuple):
     threads: int
     freq_ratio: float
@@ -253,8 +261,7 @@ class PowerAllocator:
         threshold = (CAP_BELOW if last is None else LIFT_ABOVE) * speed  # hysteresis on the duty (rate ÷ speed)
         if self.model.a is not None and rate is not None and rate >= threshold:
             rate = None
-        if rate is not None and last is not None and abs(rate - last) <= RATE_DEADBAND * last:
-            rate = last
+        rate = steady(rate, last)
         if rate != choice.rate:
             choice = choice._replace(rate=rate)
         self._rate = choice.rate

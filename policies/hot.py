@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from policies.allocator import CAP_BELOW, LIFT_ABOVE, RATE_DEADBAND, PowerAllocator
+from policies.allocator import CAP_BELOW, LIFT_ABOVE, PowerAllocator, steady
 from policies.authority import FLOOR_U, Authority
 from policies.ceiling import Ceiling
 from policies.controller import PIController
@@ -104,7 +104,7 @@ class HotControl:
             if most is not None and limits.threads > most:  # the rate cap u places stays: one thread is no hotter
                 limits = limits.at(most, limits.rate)
             if place:
-                limits = self._place(limits, cpus, u, view, t)
+                limits = self._place(limits, cpus, u, view)
             else:
                 self.slow = self._slow_full = False
             out.append(limits)
@@ -125,7 +125,7 @@ class HotControl:
         out.append(self._limits.at(choice.threads, choice.rate))
         return out
 
-    def _place(self, limits: Limits, cpus: int | None, u: float, view: ThermalView, t: float) -> Limits:
+    def _place(self, limits: Limits, cpus: int | None, u: float, view: ThermalView) -> Limits:
         """Hot's limits on the fastest cores, or the same power on the slowest cluster alone where that is predicted
         `SLOW_GAIN` faster (then `slow`): the fewest threads there within 1 % of their most speed, rate-capped to the
         budget where they would exceed it. With the PI at its floor and the zone within `FLOOR_NEAR_C` of the trip,
@@ -160,11 +160,9 @@ class HotControl:
         if floor > 0 and best_tok > got:
             best_tok -= (best_tok - got) * floor
         self._slow_full = floor == 0 and model.load(best_k, 1.0, slow=True) <= budget
-        rate, last = None, self._slow_rate
+        rate = None
         if not self._slow_full:
-            rate = max(self.policy.states[State.HOT].rate_range[0] or 0.1, round(best_tok, 1))
-            if last is not None and abs(rate - last) <= RATE_DEADBAND * last:
-                rate = last  # the PI's wobble is not a reconfiguration
+            rate = steady(max(self.policy.states[State.HOT].rate_range[0] or 0.1, round(best_tok, 1)), self._slow_rate)
         self._slow_rate = rate
         return limits.at(best_k, rate)
 

@@ -332,7 +332,7 @@ class StateMachine:
             self.power.model.set_cores(Cores(cpu.clusters, cpu.count))
 
     def _placement(self, config: EngineConfig) -> tuple[int, ...] | None:
-        """The CPUs for the threads: the fastest cores for their count; None where every core is alike."""
+        """The CPUs for the threads: the fastest for their count, or hot's slowest cluster; None: all alike."""
         cores = self.power.model.cores
         return None if cores.alike else cores.cpus(config.threads, slow=self._slow_cpus)
 
