@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from governor.daemon.signals import hold_hangups
 from policies.decision import HoldAsk, State
 
 if TYPE_CHECKING:
@@ -62,17 +62,14 @@ def _run(args: argparse.Namespace) -> int:
     if _launched_as_governor() and not os.environ.get("GOVERNOR_NO_REEXEC"):
         # The full CLI has imported every subcommand's modules (uvicorn, gguf, numpy: ~30 MB) that a daemon living
         # for months would keep for nothing: become the lean entry point instead (same pid, for systemd).
-        # A SIGHUP meanwhile is ignored (an ignored signal stays ignored across exec, a handler would not): the policy
-        # is not read yet, so there is nothing to reload.
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        # A SIGHUP meanwhile is held for the loop (a blocked signal stays blocked and pending across exec).
+        hold_hangups()
         os.execv(sys.executable, [sys.executable, "-m", "governor.daemon", *sys.argv[1:]])
     return run_daemon(args)
 
 
 def run_daemon(args: argparse.Namespace) -> int:
-    from governor.daemon.signals import EarlyHangups
-
-    EarlyHangups().install()  # a reload asked while the daemon starts up (build reads the policy) waits for it
+    hold_hangups()  # a reload asked while the daemon starts up (build reads the policy) waits for it
     from governor.daemon.app import build
     from governor.daemon.config import load_config
 
