@@ -12,16 +12,29 @@ as it does for `none`) until the kernel has not throttled for a back-off that do
 every few minutes. Where the engine's own heat put the zone there, the cut has authority and the zone falls: no
 step aside.
 
+Hot also yields to the kernel where its clock steps are predicted to beat hot's cut (`yield_to_kernel`, from
+policies/hot.py: alike cores whose clock cannot be set); the way back is the same.
+
 Pure: readings and time in, a verdict out.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 FLOOR_U = 0.02  # the PI output at which hot's cut is at its floor
 WINDOW_S = 60.0  # that long at the floor with the kernel throttling and the zone not falling: not the engine's heat
 FALL_C = 0.5  # ... by this much over the window (a falling zone: the cut is working, slowly)
 BACKOFF_S = 120.0  # after stepping aside: back only when the kernel has not throttled this long
 BACKOFF_MAX_S = 960.0  # ... doubling at each return, up to this
+
+
+class Aside(NamedTuple):
+    """Hot stepped aside: back after `back_s` without throttling; `kernel`: for the kernel's clock steps, the tokens/s
+    predicted for hot's limits and for the kernel's (policies/hot.py `_kernel`), else for others' heat."""
+
+    back_s: float
+    kernel: tuple[float, float] | None = None
 
 
 class Authority:
@@ -31,11 +44,21 @@ class Authority:
         self.aside_t: float | None = None  # stepped aside at (None: hot governs)
         self._calm_t: float | None = None  # aside, and the kernel not throttling since
         self.backoff_s = BACKOFF_S
+        self.kernel: tuple[float, float] | None = None  # stepped aside for the kernel's clock steps (see `Aside`)
 
     @property
     def back_after_s(self) -> float | None:
         """Stepped aside: how long without throttling brings hot's limits back; else None."""
         return self.backoff_s if self.aside_t is not None else None
+
+    @property
+    def note(self) -> Aside | None:
+        return Aside(self.backoff_s, self.kernel) if self.aside_t is not None else None
+
+    def yield_to_kernel(self, t: float, governed: float, kernel: float) -> None:
+        """Step aside now: the kernel's clock steps are predicted to decode `kernel` tokens/s within the power hot's
+        limits allow, where those limits decode `governed` (back as after others' heat)."""
+        self.aside_t, self._calm_t, self.kernel = t, None, (governed, kernel)
 
     def aside(
         self, t: float, *, hot: bool, u: float | None, throttled: bool | None, temp_c: float | None,
@@ -45,7 +68,7 @@ class Authority:
         clock down; None: unknown, never a reason to step aside; `trip_c`: the zone's trip: a zone more than `FALL_C`
         under it is not held at its trip by others, the kernel's step is only waiting out its hysteresis)."""
         if not hot:  # out of hot: the back-off starts over
-            self._since = self._start_c = self.aside_t = self._calm_t = None
+            self._since = self._start_c = self.aside_t = self._calm_t = self.kernel = None
             self.backoff_s = BACKOFF_S
             return False
         if self.aside_t is not None:
@@ -55,7 +78,7 @@ class Authority:
                 self._calm_t = t
             if self._calm_t is None or t - self._calm_t < self.backoff_s:
                 return True
-            self.aside_t = self._calm_t = self._since = None  # back: the PI starts again from the power in use
+            self.aside_t = self._calm_t = self._since = self.kernel = None  # back: the PI starts from the power in use
             self.backoff_s = min(2 * self.backoff_s, BACKOFF_MAX_S)
             return False
         under = trip_c is not None and temp_c is not None and temp_c < trip_c - FALL_C

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from policies.allocator import Choice
+from policies.authority import Aside
 from policies.ceiling import RECENT_S as CYCLE_S
 from policies.contention import ThreadsNote
 from policies.decision import PRIORITY, EngineConfig, Readings, State
@@ -41,7 +42,7 @@ class Tick(NamedTuple):
     load: Mapping[str, float | None] | None = None  # its readings
     sized_by: tuple[str, ...] = ()  # owners of the holds whose max_tier / max_ctx the config sits at
     declined: str | None = None  # a wanted change that waits for its price (policies/changecost.py)
-    aside_s: float | None = None  # hot steps aside (policies/authority.py): back after this long without throttling
+    aside: Aside | None = None  # hot steps aside (policies/authority.py)
     ceiling: tuple[int, float] | None = None  # hot's threads at most, for this long (policies/ceiling.py)
     tier: tuple[str, float | None] | None = None  # hot's largest tier, the budget's share of ungoverned (tierstep.py)
     slow: tuple[int, ...] = ()  # hot's threads run on these CPUs, the slowest cluster alone (policies/hot.py)
@@ -173,9 +174,12 @@ def rule_of(k: Tick) -> tuple[str, Clause]:
         return "dwell.hold", lambda: f"{why()}, {k.desired.value} in {k.held_for_s:.1f} s (dwell)"
     if k.label != k.state:
         return "hold.pin", lambda: f"pinned by a client hold ({_why_on(k, k.state)[1]()})"
-    if k.state == State.HOT and k.aside_s is not None:
-        back = k.aside_s
-        return "thermal.aside", lambda: _aside(v, back)
+    if k.state == State.HOT and k.aside is not None:
+        aside = k.aside
+        if aside.kernel is not None:
+            capped = k.config.max_tokens_per_s is not None
+            return "thermal.kernel", lambda: _kernel(v, aside, capped)
+        return "thermal.aside", lambda: _aside(v, aside.back_s)
     stepped = k.tier is not None and k.prev is not None and k.prev.model != k.config.model == k.tier[0]
     if k.state == State.HOT and stepped:
         return "thermal.tier", lambda: _tier(v, k)
@@ -253,6 +257,16 @@ def _aside(v: ThermalView, back_s: float) -> str:
         f"{_headroom(v)}; pass-through: hot's cut at its floor did not bring the zone down and the kernel throttles "
         f"the clock anyway (the heat is not the engine's to govern); hot's limits return after {back_s:.0f} s "
         "without throttling"
+    )
+
+
+def _kernel(v: ThermalView, aside: Aside, capped: bool) -> str:
+    governed, kernel = aside.kernel or (0.0, 0.0)
+    over = "; over the trip, where the kernel's lowest clock does not hold it: a rate cap on every thread"
+    return (
+        f"{_headroom(v)}; pass-through: hot's limits {governed:.1f} tok/s vs {kernel:.1f} predicted ungoverned (every "
+        "thread at the clock the kernel's throttling takes to keep the trip: more tokens per watt where the clock "
+        f"cannot be set){over if capped else ''}; hot's limits return after {aside.back_s:.0f} s without throttling"
     )
 
 

@@ -14,6 +14,12 @@ output: a budget they cannot use would wind it up until the big cores won it bac
 each time (the randomized phones: up to 2.2 config changes a minute). Further under it the PI goes on, so a zone with
 room to spare gets the big cores back (always holding cost the shipped phone's long chat 2 % of its tokens).
 
+Where the clock is not writable and the cores are alike, the kernel's passive trip is the better actuator: it lowers
+the clock on every thread, f^(1-k) of the watts per token, where hot's threads and rate cap at the full clock cost the
+same watts per token at any cut. When the cut the PI asks for is predicted `KERNEL_GAIN` slower than every thread at
+the clock that cut's power allows, hot yields to the kernel (`_kernel`; the `Authority` brings it back), and only caps
+the rate on every thread where the kernel's lowest clock cannot hold the zone under critical (`_over_trip`).
+
 Pure: all state lives in the object.
 """
 
@@ -32,6 +38,10 @@ from policies.schema import Limits, Policy, all_of
 SLOW_GAIN = 1.15  # the slowest cluster alone: when predicted this much faster within hot's power (back: 1 / this)
 FLOOR_NEAR_C = 0.5  # ... at the PI's floor within this of the trip, their cap falls toward the floor's tokens
 HOLD_C = 0.5  # ... running uncapped within this of the setpoint (under it), the PI's output holds
+KERNEL_GAIN = 1.15  # alike cores, no writable clock: the kernel's clock steps take over when predicted this much faster
+KERNEL_OVER_C = 1.0  # ... and hot's PI holds the zone at least this far over the trip where they cannot,
+KERNEL_UNDER_CRITICAL_C = 1.5  # ... this far under critical's threshold
+KERNEL_CAP_BELOW = 0.9  # ... capping once its output falls under this (lifted back at 1)
 
 
 class HotControl:
@@ -48,6 +58,7 @@ class HotControl:
         self._slow_full = False  # ... uncapped: the power budget is more than they use
         self._slow_rate: float | None = None  # ... the rate cap they had
         self.prompt_fast = False  # ... but this tick a prompt under the setpoint: on the fastest cores
+        self._kernel_capped = False  # ... and the PI over the trip caps the rate
 
     def reset(self) -> None:
         """The PI starts again, bumpless, the next time."""
@@ -55,7 +66,7 @@ class HotControl:
 
     def leave(self, t: float) -> None:
         """Not hot: the PI starts again next time, and a step aside's back-off starts over."""
-        self.slow = self._slow_full = self.prompt_fast = False
+        self.slow = self._slow_full = self.prompt_fast = self._kernel_capped = False
         self.authority.aside(t, hot=False, u=self.u, throttled=None, temp_c=None)
         self.ceiling.leave()
         self.reset()
@@ -88,6 +99,8 @@ class HotControl:
                 choice = self.power.allocate(0.0, cpus)
                 out.append(self._limits.at(choice.threads, choice.rate))
             return out
+        if aside and self.authority.kernel is not None and view.temp_c is not None:
+            return self._over_trip(view, prev, t, cpus)
         if aside:  # the kernel throttles with hot's cut at its floor: pass-through; the PI restarts bumpless
             self.reset()
             self.slow = False
@@ -103,6 +116,12 @@ class HotControl:
             limits = self.at(u, cpus)
             if most is not None and limits.threads > most:  # the rate cap u places stays: one thread is no hotter
                 limits = limits.at(most, limits.rate)
+            kernel = self._kernel(limits, cpus, view, throttled) if place and not contended else None
+            if kernel is not None:  # the kernel's clock steps beat hot's limits: pass-through; the PI restarts
+                self.authority.yield_to_kernel(t, *kernel)
+                self.reset()
+                self._kernel_capped = False
+                return self._over_trip(view, prev, t, cpus)
             if place:
                 limits = self._place(limits, cpus, u, view)
             else:
@@ -165,6 +184,44 @@ class HotControl:
             rate = steady(max(self.policy.states[State.HOT].rate_range[0] or 0.1, round(best_tok, 1)), self._slow_rate)
         self._slow_rate = rate
         return limits.at(best_k, rate)
+
+    def _over_trip(self, view: ThermalView, prev: EngineConfig | None, t: float, cpus: int | None) -> list[Limits]:
+        """Yielded to the kernel's clock steps. Where they cannot hold the trip (every thread at the kernel's lowest
+        clock still heats the zone past it, toward critical), a PI over the trip caps the rate on every thread: the
+        kernel's lowest clock stays the cheapest. Only once its output is under `KERNEL_CAP_BELOW` (lifted back at 1): a
+        cap over what the engine decodes limits nothing, but it keeps the threads from being measured (contention)."""
+        self.slow = self._slow_full = False
+        over = max(view.trip_c + KERNEL_OVER_C, view.critical_c - KERNEL_UNDER_CRITICAL_C)
+        u = self._pi_output(view._replace(setpoint_c=over), prev, t, cpus)
+        self._kernel_capped = u < (1.0 if self._kernel_capped else KERNEL_CAP_BELOW)
+        if not self._kernel_capped:
+            return []
+        capped = self.at(u, cpus)
+        return [capped.at(self.power.full_threads(cpus), capped.rate)]
+
+    def _kernel(
+        self, limits: Limits, cpus: int | None, view: ThermalView, throttled: bool | None
+    ) -> tuple[float, float] | None:
+        """(hot's tokens/s, the kernel's) where the kernel's clock steps are predicted `KERNEL_GAIN` faster than hot's
+        limits within the same power: alike cores, no writable clock, the zone's own passive trip and a clock that
+        says when the kernel holds it. Threads and a rate cap at the full clock buy tokens linearly in watts; a lower
+        clock on every thread buys them at f^(1-k) of the watts (the device model's k), so any cut deeper than a
+        little loses to the kernel's throttling (issue 27: fleet:2:137's long chat, 0.43 x `none`'s tokens at 2.1 x
+        its J/token). Where decode is memory-bound, fewer threads lose no speed and hot's cut stays."""
+        model = self.power.model
+        if model.cores.slow_cpus or model.observations == 0 or throttled is None or view.temp_c is None:
+            return None
+        if "passive trip" not in view.trip_source:  # the policy's own trip (a loss asked for), or none known
+            return None
+        full = self.power.full_threads(cpus)
+        fast = model.speed(limits.threads, 1.0)
+        got = fast if limits.rate is None else min(fast, limits.rate)
+        budget = model.load(limits.threads, 1.0) * (got / fast if fast > 0 else 1.0)
+        top = model.load(full, 1.0)
+        if budget >= top or top <= 0:
+            return None
+        kernel = model.speed(full, math.pow(budget / top, 1 / model.k))
+        return (got, kernel) if kernel >= KERNEL_GAIN * got else None
 
     def _pi_output(self, view: ThermalView, prev: EngineConfig | None, t: float, cpus: int | None) -> float:
         setpoint, switch_on, temp = view.setpoint_c, view.hot_exit_c, view.temp_c

@@ -190,7 +190,7 @@ class StateMachine:
             desired=desired, held_for_s=held_for, prev=prev, config=config, pi_u=self.hot.u, fit=fitted,
             ramping=self._ramping, engine=engine, capped=bool(caps or rate_caps or sizing), choice=self.power.choice,
             contention=contention, load=self._fit_threads.readings(), declined=declined,
-            aside_s=self.hot.authority.back_after_s if self.state == State.HOT else None,
+            aside=self.hot.authority.note if self.state == State.HOT else None,
             ceiling=self.hot.ceiling.note(t) if self.state == State.HOT else None,
             slow=cores.slow_cpus if self._slow_cpus else (),
             sized_by=tuple(h.owner for h in sizing if model == h.max_tier or n_ctx == h.max_ctx),

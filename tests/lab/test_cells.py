@@ -125,3 +125,17 @@ def test_a_phone_whose_clock_termux_cannot_set_keeps_its_skin_on_the_little_core
     assert governed.j_per_token is not None
     assert ungoverned.j_per_token is not None
     assert governed.j_per_token <= 0.95 * ungoverned.j_per_token
+
+
+@pytest.mark.slow
+def test_a_board_whose_clock_cannot_be_set_leaves_its_trip_to_the_kernels_clock_steps() -> None:
+    """Issue 27's randomized board (8 alike cores, trip 70 °C, no writable clock): hot held the zone under its setpoint
+    with threads and a rate cap at the full clock, 0.55 x the ungoverned engine's tokens at 1.6 x its J/token over a
+    long chat and 8.6 config changes a minute. The kernel's lower clock on every thread costs f^2.5 of the watts for f
+    of the speed: hot yields to it, and the run is the ungoverned engine's, throttled as it is."""
+    governed, ungoverned = cell("fleet:2:158", "default", "long-chat"), cell("fleet:2:158", NONE, "long-chat")
+    assert governed.tokens >= 0.97 * ungoverned.tokens
+    assert governed.j_per_token is not None
+    assert ungoverned.j_per_token is not None
+    assert governed.j_per_token <= 1.02 * ungoverned.j_per_token
+    assert governed.config_changes <= 2 * governed.minutes

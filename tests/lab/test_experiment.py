@@ -156,16 +156,25 @@ def test_turn_boundaries_do_not_reconfigure_the_engine(device_name: str, policy_
 
 
 def test_on_a_compute_bound_board_the_clock_beats_threads() -> None:
-    """The issue's finding: taking threads costs throughput linearly, lowering the clock saves power as f^2.5."""
+    """The issue's finding: taking threads costs throughput linearly, lowering the clock saves power as f^2.5. With a
+    writable clock hot lowers it itself: the ungoverned engine's tokens, and the kernel never throttles. Without one,
+    hot's threads and rate cap at the full clock (held to the trip the policy names) lose 10 % and more; so where the
+    trip is the device's own, hot leaves the clock to the kernel's steps (`thermal.kernel`): the ungoverned run."""
     clock = load_device("pi4-closed-case")
     threads_only = clock.model_copy(update={"cpu": clock.cpu.model_copy(update={"freq_writable": False})})
-    policy = load_policy("raspberry-pi")
+    policy = policies.load_policy("raspberry-pi")
+    own_trip = policy.model_copy(update={"thermal": policy.thermal.model_copy(update={"trip_c": 80.0})})
     with_clock = simulate(clock, decider_for(policy, clock), LONG_CHAT, policy_name="clock").summary
-    without = simulate(threads_only, decider_for(policy, threads_only), LONG_CHAT, policy_name="threads").summary
-    assert with_clock.tokens > 1.1 * without.tokens
+    threads = simulate(threads_only, decider_for(own_trip, threads_only), LONG_CHAT, policy_name="threads").summary
+    kernel = simulate(threads_only, decider_for(policy, threads_only), LONG_CHAT, policy_name="kernel").summary
+    ungoverned = simulate(threads_only, Ungoverned(threads_only), LONG_CHAT, policy_name=NONE).summary
+    assert with_clock.tokens > 1.1 * threads.tokens
     assert with_clock.j_per_token is not None
-    assert without.j_per_token is not None
-    assert with_clock.j_per_token < without.j_per_token
+    assert threads.j_per_token is not None
+    assert with_clock.j_per_token < threads.j_per_token
+    assert with_clock.throttled_pct == 0.0
+    assert kernel.tokens == ungoverned.tokens
+    assert kernel.throttled_pct == ungoverned.throttled_pct > 0
 
 
 @pytest.mark.parametrize("policy_name", ["raspberry-pi", "default"])

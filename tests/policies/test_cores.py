@@ -169,9 +169,11 @@ def test_uncapped_on_the_little_cores_just_under_the_setpoint_the_pi_holds_its_o
 
 
 def test_on_alike_cores_hot_places_nothing() -> None:
+    """(There the kernel's clock steps take hot's power instead: tests/policies/test_kernel.py.)"""
     seen = hot_phone((Cluster(cpus=tuple(range(8)), capacity=1.0),), 120)
     assert all(d.affinity is None for d in seen)
-    assert seen[-1].rule == "thermal.pi"
+    assert all(d.rule != "thermal.slow_cores" for d in seen)
+    assert seen[-1].rule == "thermal.kernel"
 
 
 def test_where_critical_for_memory_borrows_hots_limits_the_threads_stay_on_the_fastest_cores() -> None:
