@@ -41,7 +41,19 @@ class _Server(socketserver.ThreadingUnixStreamServer):
         self.refused = 0  # connections refused over the cap
         self._log = structlog.get_logger("governor.control")
         self._fd_warned = 0.0
+        self.stopping = False  # `ControlServer.stop_accepting` asked the accept loop to end
         super().__init__(path, partial(CommandHandler, shared=self.commands))
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """socketserver's accept loop, again after its select() failed: poll() refuses (EINVAL) while the process's
+        file descriptor limit is under the descriptors it watches (RLIMIT_NOFILE lowered or exhausted), and the
+        accept thread died of it, so the control socket never answered again (a fresh-clone run, session 6)."""
+        while not self.stopping:
+            try:
+                super().serve_forever(poll_interval)
+                return
+            except OSError as exc:
+                self._pause(f"the control socket's accept loop failed ({exc.strerror}); retrying")
 
     def get_request(self) -> tuple[socket.socket, Any]:
         try:
@@ -49,12 +61,16 @@ class _Server(socketserver.ThreadingUnixStreamServer):
         except OSError as exc:
             if exc.errno in (errno.EMFILE, errno.ENFILE):
                 # Out of file descriptors: the listening socket stays readable, so pause instead of spinning.
-                now = time.monotonic()
-                if now - self._fd_warned > 60:
-                    self._fd_warned = now
-                    self._log.error("cannot accept a control connection: out of file descriptors")
-                time.sleep(0.1)
+                self._pause("cannot accept a control connection: out of file descriptors")
             raise
+
+    def _pause(self, why: str) -> None:
+        """Logged at most once a minute; a short sleep instead of a spin."""
+        now = time.monotonic()
+        if now - self._fd_warned > 60:
+            self._fd_warned = now
+            self._log.error(why)
+        time.sleep(0.1)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         cred = peer_credentials(request)
@@ -124,6 +140,7 @@ class ControlServer:
         os.chmod(path, mode)
         # No poll interval: an idle daemon's accept loop sleeps in select() until a client comes (a 0.25 s poll was
         # half of an idle daemon's CPU); `stop_accepting` wakes it with a connection of its own.
+        # (None: typeshed says float, socketserver hands it to selector.select, where None blocks)
         self._thread = threading.Thread(target=self._server.serve_forever, args=(None,), name="control", daemon=True)
         self._closed = False
 
@@ -138,6 +155,7 @@ class ControlServer:
         if self._closed:
             return
         self._closed = True
+        self._server.stopping = True
         if self._thread.is_alive():
             stopper = threading.Thread(target=self._server.shutdown, name="control-stop")  # asks, then waits
             stopper.start()

@@ -82,7 +82,11 @@ def test_a_failed_start_at_the_fd_limit_is_retried(victim: DaemonProc) -> None:
     resource.prlimit(daemon, resource.RLIMIT_NOFILE, (0, hard))
     try:
         os.kill(pid, signal.SIGKILL)
-        # Meanwhile the control socket cannot accept either: the daemon's log is where to look.
+        # Meanwhile the control socket cannot accept either: the daemon's log is where to look. A client now wakes its
+        # accept loop, whose next select() fails too (poll() watches more descriptors than the limit): the loop, and
+        # with it the control socket, must outlive that (its thread died of it, and no request was answered again).
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as poke:
+            poke.connect(str(victim.control))
         eventually(lambda: any(e.get("event") == "engine could not start" for e in victim.events()), timeout_s=30)
     finally:
         resource.prlimit(daemon, resource.RLIMIT_NOFILE, (soft, hard))
