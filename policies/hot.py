@@ -158,9 +158,7 @@ class HotControl:
             self.slow = False
             return limits
         n = cores.best(limits.threads)
-        fast = model.speed(n, 1.0)
-        got = fast if limits.rate is None else min(fast, limits.rate)
-        budget = model.load(n, 1.0) * (got / fast if fast > 0 else 1.0)
+        got, budget = self._priced(n, limits.rate)
         # As many threads there as add speed (a prompt is compute-bound and the rate cap does not pace it, so every
         # core shortens it); the rate cap holds decode within the budget
         best_k, top = 0, 0.0
@@ -214,14 +212,20 @@ class HotControl:
         if "passive trip" not in view.trip_source:  # the policy's own trip (a loss asked for), or none known
             return None
         full = self.power.full_threads(cpus)
-        fast = model.speed(limits.threads, 1.0)
-        got = fast if limits.rate is None else min(fast, limits.rate)
-        budget = model.load(limits.threads, 1.0) * (got / fast if fast > 0 else 1.0)
+        got, budget = self._priced(limits.threads, limits.rate)
         top = model.load(full, 1.0)
         if budget >= top or top <= 0:
             return None
         kernel = model.speed(full, math.pow(budget / top, 1 / model.k))
         return (got, kernel) if kernel >= KERNEL_GAIN * got else None
+
+    def _priced(self, threads: int, rate: float | None) -> tuple[float, float]:
+        """(tokens/s, load) of `threads` of the fastest cores at the full clock under `rate`: a rate cap's duty idles
+        the threads between tokens, so its load is that share of theirs."""
+        model = self.power.model
+        fast = model.speed(threads, 1.0)
+        got = fast if rate is None else min(fast, rate)
+        return got, model.load(threads, 1.0) * (got / fast if fast > 0 else 1.0)
 
     def _pi_output(self, view: ThermalView, prev: EngineConfig | None, t: float, cpus: int | None) -> float:
         setpoint, switch_on, temp = view.setpoint_c, view.hot_exit_c, view.temp_c

@@ -40,7 +40,7 @@ class _Server(socketserver.ThreadingUnixStreamServer):
         self._conns_lock = threading.Lock()
         self.refused = 0  # connections refused over the cap
         self._log = structlog.get_logger("governor.control")
-        self._fd_warned = 0.0
+        self._warned = 0.0
         self.stopping = False  # `ControlServer.stop_accepting` asked the accept loop to end
         super().__init__(path, partial(CommandHandler, shared=self.commands))
 
@@ -67,8 +67,8 @@ class _Server(socketserver.ThreadingUnixStreamServer):
     def _pause(self, why: str) -> None:
         """Logged at most once a minute; a short sleep instead of a spin."""
         now = time.monotonic()
-        if now - self._fd_warned > 60:
-            self._fd_warned = now
+        if now - self._warned > 60:
+            self._warned = now
             self._log.error(why)
         time.sleep(0.1)
 
