@@ -102,7 +102,7 @@ def without_cap(name: str) -> Policy:
     ("device_name", "policy_name", "gain"),
     [
         ("fanless-laptop", "fanless-laptop", 1.15),  # 4 threads + 1 core of background on 4 cores: oversubscribed
-        ("phone", "android-termux", 1.0),  # 4 threads on 8 cores: the background fits beside them, nothing to cap
+        ("phone", "android-termux", 1.0),  # the 4 big cores of 8: the background fits beside them, nothing to cap
     ],
 )
 def test_the_contention_cap_against_the_same_policy_without_it(device_name: str, policy_name: str, gain: float) -> None:
@@ -113,8 +113,8 @@ def test_the_contention_cap_against_the_same_policy_without_it(device_name: str,
     )
     if gain > 1.0:
         assert capped.tokens > gain * uncapped.tokens
-    else:
-        assert capped.tokens == uncapped.tokens
+    else:  # the cap's probes of more threads cost little (2 % here), within the never-lose margin
+        assert capped.tokens >= 0.97 * uncapped.tokens
 
 
 def without_probe(name: str) -> Policy:

@@ -36,12 +36,15 @@ def phone(threads: int, clusters: tuple[Cluster, ...] = BIG_LITTLE) -> Snapshot:
     return snap(30.0).model_copy(update={"cpu": cpu})
 
 
-def test_android_termux_runs_the_big_cores_only_on_a_2_plus_6_phone() -> None:
-    """Its 4 threads, on the 2 big + 6 little phone of the issue, put 2 threads on little cores: 1.2 big-core
-    equivalents where 2 threads give 2.0."""
-    gov = StateMachine(load_policy("android-termux"))
-    decision = gov.decide(phone(4), EngineObservation(busy=False), 0.0)
-    assert decision.engine.threads == 2
+def test_android_termux_runs_the_fastest_count_on_the_phones_cores() -> None:
+    """Its thread count is the phone's, not a number: on 2 big + 6 little cores at 0.3 of a big one, all 8 threads
+    (2.4 big-core equivalents) beat the 2 big cores alone (2.0); at 0.25 the 8 only tie them, and the 2 big cores run
+    alone (the same tokens for less power). The fixed 4 it had gave 1.2 on both, and on issue 27's random phones half
+    the ungoverned engine's tokens."""
+    for clusters, threads in ((BIG_LITTLE, 8), (LITTLER, 2)):
+        gov = StateMachine(load_policy("android-termux"))
+        decision = gov.decide(phone(4, clusters), EngineObservation(busy=False), 0.0)
+        assert decision.engine.threads == threads
 
 
 def run_engine(speed: dict[int, float], seconds: int) -> list[Decision]:

@@ -75,14 +75,14 @@ def test_policy_show_root_prints_the_numbers_for_this_device(
         "#   skin-therm 36.0 °C: trip 41 °C (skin-therm passive trip), hot from 38 °C until under 36 °C, "
         "setpoint 39 °C, critical 44 °C"
     ) in out
-    assert "#   threads on 8 CPUs (2 at 1.00, 6 at 0.29): idle 2, sustained 2, hot 2, low_battery 2, critical 1" in out
+    assert "#   threads on 8 CPUs (2 at 1.00, 6 at 0.29): idle 8, sustained 8, hot 8, low_battery 2, critical 1" in out
     assert main(["policy", "show", "default", "--root", str(root), "--json"]) == 0
     resolved = json.loads(capsys.readouterr().out)["resolved"]
     zones = {z["zone"]: z for z in resolved["zones"]}
     assert zones["cpu-0-0-usr"]["trip_c"] == 95.0  # each zone against its own trip
     assert zones["skin-therm"]["setpoint_c"] == 39.0
-    # `default` asks for every CPU: 8 threads at the little cores' pace (8 x 0.29 = 2.3 big cores) beat the 2 big
-    # ones; android-termux asks for 4 at most, and 4 x 0.29 = 1.2 loses to 2 big cores alone.
+    # Both ask for the fastest count on this phone's cores: 8 threads at the little cores' pace (8 x 0.29 = 2.3 big
+    # cores) beat the 2 big ones; 2 on low battery (its own limit), and 4 x 0.29 = 1.2 would lose to them.
     assert resolved["threads"]["sustained"] == 8
 
 
