@@ -32,6 +32,7 @@ class Conditions:
         }
         self._pressure = Trigger(0.0, mem.psi_exit_debounce_s)  # PSI avg10 is already a 10 s average
         self._untrusted_since: float | None = None  # since when trusted zones give no plausible reading
+        self._memory_only = False  # critical's last cause was the memory floor alone
 
     def sense(
         self, snapshot: Snapshot, engine: EngineObservation | None, t: float, control_margin_c: float | None = None
@@ -88,15 +89,23 @@ class Conditions:
         given_up = engine.given_up if engine is not None else None
         if given_up is not None:  # a fact the supervisor states, not a noisy reading: no debounce
             trig[State.CRITICAL].on, trig[State.CRITICAL].since = True, None
-        trig[State.CRITICAL].update(crit_thermal or crit_battery or crit_memory or given_up is not None, t)
+        self._critical(crit_thermal or crit_battery or given_up is not None, crit_memory, t)
         trig[State.HOT].update(hot_raw, t)
         trig[State.LOW_BATTERY].update(low_raw, t)
         trig[State.SUSTAINED].update(sus_raw, t)
         return Sense(
             view=view, forecast_c=forecast, busy=busy, battery=battery, on_power=on_power, available=available,
             psi=psi, pressure=pressure, crit_thermal=crit_thermal, crit_battery=crit_battery, crit_memory=crit_memory,
-            cpu_throttled=snapshot.cpu.throttled, untrusted=untrusted, given_up=given_up,
+            cpu_throttled=snapshot.cpu.throttled, untrusted=untrusted, given_up=given_up, memory_only=self._memory_only,
         )  # fmt: skip
+
+    def _critical(self, others: bool, memory: bool, t: float) -> None:
+        """Critical's trigger, and what it is for: that stays through its dwell. Memory back, the critical profile's
+        one thread at 1 tok/s and their one-a-step return lost what a memory-only critical kept (a phone's squeeze,
+        fleet:1:8: 0.70 x `none`'s tokens)."""
+        if memory or others:
+            self._memory_only = not others
+        self.triggers[State.CRITICAL].update(memory or others, t)
 
     @property
     def pending(self) -> bool:

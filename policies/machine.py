@@ -268,7 +268,7 @@ class StateMachine:
         # apply as in hot (else the engine ran unlimited into the kernel's throttling: fleet:2:12's squeeze, 131 s)
         temp = sense.view.temp_c
         over = temp is not None and temp >= sense.view.setpoint_c
-        memory_hot = self.state == State.CRITICAL and self._memory_only(sense) and trig[State.HOT].on and over
+        memory_hot = self.state == State.CRITICAL and sense.memory_only and trig[State.HOT].on and over
         if self.state == State.HOT or memory_hot:
             active += self.hot.limits(
                 sense.view, untrusted=sense.untrusted, throttled=sense.cpu_throttled, prev=prev, t=t, cpus=self._cpus,
@@ -279,7 +279,7 @@ class StateMachine:
             most = self.hot.ceiling.limit(t)  # a count hot cut again soon after rising to it waits here too
             if most is not None and self.state in ACTIVITY:
                 active.append(limits[activity].at(most, None))
-        if self.state == State.CRITICAL and self._memory_only(sense):
+        if self.state == State.CRITICAL and sense.memory_only:
             # Out of memory and nothing else: the critical profile's memory (smallest tier, context, KV), not its
             # CPU limits; one thread at 1 tok/s frees no memory and loses every token it could have made.
             crit = limits[State.CRITICAL]
@@ -336,10 +336,6 @@ class StateMachine:
         cores = self.power.model.cores
         return None if cores.alike else cores.cpus(config.threads, slow=self._slow_cpus)
 
-    def _memory_only(self, sense: Sense) -> bool:
-        """Critical for the memory floor alone (no heat, no battery, no given-up engine)."""
-        return sense.crit_memory and not (sense.crit_thermal or sense.crit_battery or sense.given_up is not None)
-
     def _urgency(
         self, prev: EngineConfig | None, config: EngineConfig, *, snapshot: Snapshot, sense: Sense,
         previous_state: State, contention: ThreadsNote | None, capped: bool, sized: bool, fitted: Fit | None,
@@ -359,7 +355,7 @@ class StateMachine:
         step = fewer or new_rate <= (1 - NEAR_TRIP_CUT) * old_rate
         # critical for memory alone: the PI's next decimal waits the live dwell (fleet:2:181: 44 changes a minute)
         moved = config.threads != prev.threads or not (1 - RATE_STEP) * old_rate < new_rate < old_rate / (1 - RATE_STEP)
-        crit_live = crit and (moved or not (sense.crit_memory and self._memory_only(sense)))
+        crit_live = crit and (moved or not (sense.crit_memory and sense.memory_only))
         near_trip = temp is not None and temp >= view.trip_c - NEAR_TRIP_C
         over_setpoint = temp is not None and temp >= view.setpoint_c
         overcommit = snapshot.cpu.count is not None and prev.threads > snapshot.cpu.count

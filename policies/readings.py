@@ -74,6 +74,9 @@ class Sense(NamedTuple):
     cpu_throttled: bool | None = None  # the kernel or firmware is already holding the clock down
     untrusted: bool = False  # no trustworthy temperature for longer than the grace: hot limits apply
     given_up: str | None = None  # the engine was given up (EngineObservation.given_up): critical, and why
+    # Critical for the memory floor alone (no heat, no battery, no given-up engine); in critical's dwell, once its
+    # causes cleared, what it was last for (policies/conditions.py)
+    memory_only: bool = False
 
 
 class ZoneFilter:

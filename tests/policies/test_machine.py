@@ -212,6 +212,26 @@ def test_memory_below_the_floor_is_critical(policy: Policy) -> None:
     assert "80 MiB available < floor 100 MiB" in crit.reason
 
 
+def test_critical_for_memory_alone_keeps_the_threads_through_its_dwell(policy: Policy) -> None:
+    """Memory back, critical's dwell holds the state, and what it was for holds with it: the critical profile's memory
+    (context), not its 1 thread at 1 tok/s and the threads' one-a-step return after it (a phone's squeeze lost 30 % of
+    `none`'s tokens to that). Critical for heat keeps its one thread through the dwell."""
+    gov = StateMachine(policy)
+    run(gov, [snap()] * 12, engine=BUSY)
+    low = run(gov, [snap(available_mb=80)] * 4, t0=12, engine=BUSY)
+    back = run(gov, [snap()] * 12, t0=16, engine=BUSY)
+    assert states(back)[:2] == ["critical"] * 2
+    assert states(back)[-1] == "sustained"
+    assert {(d.engine.threads, d.engine.max_tokens_per_s) for d in low + back} == {(4, None)}
+    assert (low[-1].engine.n_ctx, back[-1].engine.n_ctx) == (512, 4096)
+    heat = StateMachine(policy)
+    run(heat, [snap()] * 12, engine=BUSY)
+    run(heat, [snap(91.0)] * 2, t0=12, engine=BUSY)
+    cooling = run(heat, [snap(60.0)] * 3, t0=14, engine=BUSY)
+    assert states(cooling) == ["critical"] * 3
+    assert cooling[-1].engine.threads == 1
+
+
 def test_memory_pressure_shrinks_context_step_by_step_without_a_ladder(policy: Policy) -> None:
     gov = StateMachine(policy)
     run(gov, [snap(psi=0.0)] * 2, engine=IDLE)
