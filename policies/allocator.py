@@ -231,19 +231,25 @@ class PowerAllocator:
         # At the lowest clock the step is one thread fewer (the kernel has no step left to take either).
         return min(u, self.model.load(threads - 1, self.ratios[0]) / full) if threads > 1 else u
 
-    def allocate(self, u: float, cpus: int | None, *, prefill: bool = False, contended: bool = False) -> Choice:
+    def allocate(
+        self, u: float, cpus: int | None, *, prefill: bool = False, contended: bool = False, saturated: bool = False
+    ) -> Choice:
         """`prefill`: the engine is busy with no tokens coming (a prompt): compute-bound, the clock is worth all of
         its watts; while decoding at the memory ceiling the clock above the crossover buys nothing.
         `contended`: other processes hold cores: decode is paced by the engine's share of them, most of the clock's
         watts are theirs, and the model learns nothing (a ceiling not yet found stays unknown). Then the clock one step
         under the budget's is tried even when the budget does not bind, as step_wise takes a step at the trip (a build
-        beside the chat on the fanless laptop: the top clock at 94.5 °C where `none` ran at 93 %, same tokens)."""
+        beside the chat on the fanless laptop: the top clock at 94.5 °C where `none` ran at 93 %, same tokens).
+        `saturated`: others want every core: the cores are busy whatever the engine runs, and a thread or a rate cap
+        it gives up goes to them, not to the die's watts; only the clock is spent (the engine's full threads, no rate
+        cap: a build of 8 tasks on 4 cores heated the die to the trip, and hot's 1 thread at its lowest clock gave the
+        engine 1/9 of the cores where `none`'s 4 got 4/12 at the kernel's lowest clock, fleet:2:81 0.82 x `none`)."""
         full = self.full_threads(cpus)
         ratios = self.ratios or (1.0,)
         choice = allocate(
             self.model,
             u,
-            threads=range(min(self.hot.min_threads or 1, full), full + 1),
+            threads=range(full if saturated else min(self.hot.min_threads or 1, full), full + 1),
             ratios=ratios,
             full_threads=full,
             min_rate=self.hot.rate_range[0],
@@ -256,7 +262,7 @@ class PowerAllocator:
         )
         if not prefill and (u < 1.0 or contended):
             choice = self._explore(choice, ratios)
-        last, rate = self._rate, choice.rate
+        last, rate = self._rate, None if saturated else choice.rate
         speed = self.model.speed(choice.threads, choice.freq_ratio)
         threshold = (CAP_BELOW if last is None else LIFT_ABOVE) * speed  # hysteresis on the duty (rate ÷ speed)
         if self.model.a is not None and rate is not None and rate >= threshold:

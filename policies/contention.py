@@ -89,6 +89,13 @@ class ThreadFit:
         other = cpu.other_cores
         return self.taken > 0 or self._probe is not None or (other is not None and other >= self.cfg.take_fraction)
 
+    @property
+    def saturated(self) -> bool:
+        """Others want every core (all counted as taken): each engine thread's time is taken from them, not added to
+        the cores' busy time, so the engine's threads and rate are not the die's watts; its clock is."""
+        count = self._cpu.count if self._cpu is not None else None
+        return bool(count) and self.taken >= (count or 0)
+
     def update(self, cpu: Cpu, engine: EngineObservation | None, rate_capped: bool, t: float) -> None:
         self._cpu = cpu
         self._queues.append(cpu.run_queue)

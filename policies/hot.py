@@ -73,10 +73,10 @@ class HotControl:
 
     def limits(
         self, view: ThermalView, *, untrusted: bool, throttled: bool | None, prev: EngineConfig | None, t: float,
-        cpus: int | None, prefill: bool, contended: bool, place: bool = True,
+        cpus: int | None, prefill: bool, contended: bool, saturated: bool = False, place: bool = True,
     ) -> list[Limits]:  # fmt: skip
         """The hot limits of this tick (`throttled`: the kernel holds the clock down; `prefill`: the engine evaluates a
-        prompt; `contended`: others hold cores; `place`: the slowest cluster may take them, in hot proper, not where
+        prompt; `contended`: others hold cores; `saturated`: they want every core; `place`: the slowest cluster may take them, in hot proper, not where
         critical for memory borrows hot's limits only while the zone is over the setpoint: there they come and go, and
         a move between clusters each way doubled the changes, fleet:2:181's burst 28.8 -> 41.7 a minute)."""
         # Where hot caps the clock, a zone under its trip is not held there by others: the kernel's step only waits
@@ -140,7 +140,7 @@ class HotControl:
             # Back-calculation: the PI goes on from the budget in force, not from the one the guard overrode.
             self._pi.start(view.setpoint_c, view.temp_c, guarded, t)
             self.u = u = guarded
-        choice = self.power.allocate(u, cpus, prefill=prefill, contended=contended)
+        choice = self.power.allocate(u, cpus, prefill=prefill, contended=contended, saturated=saturated)
         out.append(self._limits.at(choice.threads, choice.rate))
         return out
 

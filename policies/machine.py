@@ -272,7 +272,8 @@ class StateMachine:
         if self.state == State.HOT or memory_hot:
             active += self.hot.limits(
                 sense.view, untrusted=sense.untrusted, throttled=sense.cpu_throttled, prev=prev, t=t, cpus=self._cpus,
-                prefill=self._prefill, contended=self._contended, place=self.state == State.HOT,
+                prefill=self._prefill, contended=self._contended, saturated=self._fit_threads.saturated,
+                place=self.state == State.HOT,
             )  # fmt: skip
         else:
             self.hot.leave(t)
