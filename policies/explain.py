@@ -46,6 +46,12 @@ class Tick(NamedTuple):
     ceiling: tuple[int, float] | None = None  # hot's threads at most, for this long (policies/ceiling.py)
     tier: tuple[str, float | None] | None = None  # hot's largest tier, the budget's share of ungoverned (tierstep.py)
     slow: tuple[int, ...] = ()  # hot's threads run on these CPUs, the slowest cluster alone (policies/hot.py)
+    saturated: bool = False  # hot: others want every core (policies/contention.py `saturated`)
+
+
+SATURATED = (
+    "others want every core, so a thread or a rate cap the engine gives up goes to them, not off the die's watts"
+)
 
 
 def _headroom(v: ThermalView) -> str:
@@ -180,6 +186,8 @@ def rule_of(k: Tick) -> tuple[str, Clause]:
             capped = k.config.max_tokens_per_s is not None
             return "thermal.kernel", lambda: _kernel(v, aside, capped)
         return "thermal.aside", lambda: _aside(v, aside.back_s)
+    if k.state == State.HOT and k.saturated and k.choice is None:
+        return "thermal.saturated", lambda: f"{_headroom(v)}; pass-through: {SATURATED}; the kernel keeps the trip"
     stepped = k.tier is not None and k.prev is not None and k.prev.model != k.config.model == k.tier[0]
     if k.state == State.HOT and stepped:
         return "thermal.tier", lambda: _tier(v, k)
@@ -308,7 +316,7 @@ def explain(k: Tick, fired: str, clause: Clause) -> tuple[str, Readings]:
         clauses.append(changes)
     clauses += [f"capped at {k.config.model}/n_ctx {k.config.n_ctx} ({owner})" for owner in k.sized_by]
     if k.choice is not None:
-        clauses.append(_allocation(k.choice))
+        clauses.append(_allocation(k.choice) + (f"; {SATURATED}: the clock alone" if k.saturated else ""))
     if k.contention is not None:
         why = _contention(k.contention)
         if fired == "cpu.contention":

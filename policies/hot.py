@@ -58,6 +58,7 @@ class HotControl:
         self._slow_full = False  # ... uncapped: the power budget is more than they use
         self._slow_rate: float | None = None  # ... the rate cap they had
         self.prompt_fast = False  # ... but this tick a prompt under the setpoint: on the fastest cores
+        self.saturated = False  # others want every core: hot spends the clock alone, or passes through without one
         self._kernel_capped = False  # ... and the PI over the trip caps the rate
 
     def reset(self) -> None:
@@ -66,7 +67,7 @@ class HotControl:
 
     def leave(self, t: float) -> None:
         """Not hot: the PI starts again next time, and a step aside's back-off starts over."""
-        self.slow = self._slow_full = self.prompt_fast = self._kernel_capped = False
+        self.slow = self._slow_full = self.prompt_fast = self._kernel_capped = self.saturated = False
         self.authority.aside(t, hot=False, u=self.u, throttled=None, temp_c=None)
         self.ceiling.leave()
         self.reset()
@@ -76,9 +77,10 @@ class HotControl:
         cpus: int | None, prefill: bool, contended: bool, saturated: bool = False, place: bool = True,
     ) -> list[Limits]:  # fmt: skip
         """The hot limits of this tick (`throttled`: the kernel holds the clock down; `prefill`: the engine evaluates a
-        prompt; `contended`: others hold cores; `saturated`: they want every core; `place`: the slowest cluster may take them, in hot proper, not where
-        critical for memory borrows hot's limits only while the zone is over the setpoint: there they come and go, and
-        a move between clusters each way doubled the changes, fleet:2:181's burst 28.8 -> 41.7 a minute)."""
+        prompt; `contended`: others hold cores (`saturated`: every core); `place`: the slowest cluster may take them,
+        in hot proper, not where critical for memory borrows hot's limits only while the zone is over the setpoint:
+        there they come and go, and a move between clusters each way doubled the changes, fleet:2:181's burst 28.8 ->
+        41.7 a minute)."""
         # Where hot caps the clock, a zone under its trip is not held there by others: the kernel's step only waits
         # out its hysteresis, and takes no clock hot's floor has not (policies/authority.py).
         trip = view.trip_c if self.power.enabled else None
@@ -101,9 +103,15 @@ class HotControl:
             return out
         if aside and self.authority.kernel is not None and view.temp_c is not None:
             return self._over_trip(view, prev, t, cpus)
-        if aside:  # the kernel throttles with hot's cut at its floor: pass-through; the PI restarts bumpless
+        self.saturated = saturated
+        if aside or (saturated and not self.power.enabled):
+            # Aside: the kernel throttles with hot's cut at its floor. Saturated: others want every core, so a thread
+            # or a rate cap the engine gives up goes to them, the cores stay busy and the die's watts the same; with
+            # no clock to set, the kernel's throttling is all that keeps the trip, as for `none` (fleet:2:191, a
+            # build on every core: hot cut the engine to 1 tok/s for 160 s until it stepped aside). Pass-through;
+            # the PI restarts bumpless.
             self.reset()
-            self.slow = False
+            self.slow = self._slow_full = False
             return out
         self.prompt_fast = prefill and view.temp_c is not None and view.temp_c < view.setpoint_c
         near = view.temp_c is not None and view.setpoint_c - HOLD_C < view.temp_c < view.setpoint_c

@@ -193,6 +193,7 @@ class StateMachine:
             aside=self.hot.authority.note if self.state == State.HOT else None,
             ceiling=self.hot.ceiling.note(t) if self.state == State.HOT else None,
             slow=cores.slow_cpus if self._slow_cpus else (),
+            saturated=self.state == State.HOT and self.hot.saturated,
             sized_by=tuple(h.owner for h in sizing if model == h.max_tier or n_ctx == h.max_ctx),
             tier=None if stepped is None or self.tiers is None else (stepped, self.tiers.share),
         )  # fmt: skip

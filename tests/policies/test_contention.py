@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from governor.cli import main
-from policies.decision import Decision, Hold
+from policies.decision import Decision, Hold, State
 from policies.machine import StateMachine
 from policies.schema import Policy
 from sensors.snapshot import Cpu, EngineObservation, Snapshot
@@ -301,3 +301,33 @@ def test_one_hog_beside_the_engine_is_one_core_from_the_shares(policy: Policy) -
         engine = EngineObservation(busy=True, tokens_per_s=25.0 if threads == 2 else 48.0, model="m", threads=threads)
         threads = gov.decide(shared(1.0, threads, True), engine, float(t)).engine.threads
     assert threads == 1
+
+
+@pytest.mark.parametrize("clock", [(0.5, 0.75, 1.0), None], ids=["writable clock", "no clock"])
+def test_hot_beside_a_build_on_every_core_keeps_the_engines_threads(policy: Policy, clock: Any) -> None:
+    """A build of 8 tasks on 4 cores keeps every core busy whatever the engine runs: a thread or a rate cap the engine
+    gives up goes to the build, not off the die's watts. Hot, held over its setpoint, spends the clock alone where it
+    can set one and passes through where it cannot (the kernel keeps the trip, as for `none`); the same heat on a quiet
+    machine cuts the engine (fleet:2:81: 1 thread at the lowest clock got 1/9 of the cores, 0.82 x `none`'s tokens)."""
+
+    def hot(tasks: float) -> list[Decision]:
+        gov, threads, out = StateMachine(policy, freq_ratios=clock), 3, []
+        for i in range(400):
+            temp = 60.0 + i if i < 20 else 79.9  # into hot, then held over the 78 °C setpoint, under the 80 °C trip
+            cpu = shared(tasks, threads, True, count=4).cpu
+            engine = EngineObservation(busy=True, tokens_per_s=2.0 * threads, model="m", threads=threads)
+            decision = gov.decide(snap(temp).model_copy(update={"cpu": cpu}), engine, i * 0.25)
+            threads = decision.engine.threads
+            out.append(decision)
+        return out
+
+    build, quiet = hot(8.0)[-1], hot(0.0)[-1]
+    assert build.state == quiet.state == State.HOT
+    assert (quiet.engine.threads, quiet.engine.max_tokens_per_s) != (3, None)  # the PI at its floor cuts the engine
+    full = 3 if clock is not None else 4  # hot's threads; passing through, sustained's
+    assert (build.engine.threads, build.engine.max_tokens_per_s) == (full, None)  # ... not beside the build
+    assert "others want every core" in build.reason
+    if clock is not None:  # the clock: hot's one lever on the build's heat
+        assert (build.freq_ratio, build.rule) == (0.5, "thermal.pi")
+    else:
+        assert (build.rule, "pass-through" in build.reason) == ("thermal.saturated", True)
