@@ -49,9 +49,7 @@ class Tick(NamedTuple):
     saturated: bool = False  # hot: others want every core (policies/contention.py `saturated`)
 
 
-SATURATED = (
-    "others want every core, so a thread or a rate cap the engine gives up goes to them, not off the die's watts"
-)
+SATURATED = "others want every core: a thread or a rate cap the engine gives up goes to them, not off the die's watts"
 
 
 def _headroom(v: ThermalView) -> str:
