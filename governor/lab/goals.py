@@ -7,6 +7,7 @@ sample with the same functions.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ import numpy as np
 from governor.lab.experiment import Summary
 
 WIN_THROTTLED_PCT = 5.0  # `none` throttled more than this (or killed): the world leaves something to win
+FAILED_SHARE = 0.05  # more of the questions asked than this failed: the p95 time to first token is unbounded
 
 
 @dataclass(frozen=True)
@@ -55,13 +57,23 @@ def _joules(c: Cell) -> float | None:
     return None if g is None or not n else g / n
 
 
+def _ttft_p95(s: Summary) -> float | None:
+    """p95 time to first token over every question asked: a failed answer never had a first token, so with more than
+    5 % failed the p95 is unbounded (a `none` killed in most of a squeeze kept 8 answers of 28, its quickest: their
+    p95 was no bound for the governed engine's 28); else the answered ones' (a little under the true p95)."""
+    asked = s.answers + s.failed
+    return math.inf if asked and s.failed > FAILED_SHARE * asked else s.ttft_p95_s
+
+
 def _ttft(c: Cell) -> float | None:
     """p95 over the bound max(3 x its own p50, 1.2 x none's p95): at most 1.0."""
-    g, n = c.governed, c.none
-    if g.ttft_p95_s is None or g.ttft_p50_s is None:
+    g95, n95, g50 = _ttft_p95(c.governed), _ttft_p95(c.none), c.governed.ttft_p50_s
+    if g95 is None or g50 is None:
         return None
-    bound = max(3 * g.ttft_p50_s, 1.2 * n.ttft_p95_s if n.ttft_p95_s is not None else 0.0)
-    return g.ttft_p95_s / bound if bound > 0 else None
+    bound = max(3 * g50, 1.2 * n95 if n95 is not None else 0.0)
+    if math.isinf(bound):
+        return 0.0 if math.isfinite(g95) else None  # neither answered: the failures are the OOM goal's
+    return g95 / bound if bound > 0 else None
 
 
 def _at_most(bound: float) -> Callable[[float], bool]:

@@ -120,6 +120,21 @@ def test_the_goals_name_what_a_cell_misses() -> None:
     assert winnable_median([good, bad]) == (2, 1.0)
 
 
+def test_failed_answers_have_no_first_token() -> None:
+    """A `none` killed through most of a squeeze keeps its quickest answers: their p95 is no bound. Over every question
+    asked, more than 5 % failed makes its p95 unbounded; the governed engine is then judged by its own p50 alone
+    where it failed none, and a governed engine that fails as often is not judged on latency at all."""
+    world = summary("none", 0)
+    killed = summary("none", 300, answers=8, failed=20, ttft_p50_s=1.5, ttft_p95_s=3.4)
+    slow = summary("default", 1000, answers=28, ttft_p50_s=1.8, ttft_p95_s=6.4)  # 1.9 x none's kept p95
+    assert misses(Cell("d", "w", slow, killed, world)) == []
+    assert misses(Cell("d", "w", slow, killed.model_copy(update={"failed": 0}), world)) != []
+    one_lost = killed.model_copy(update={"answers": 27, "failed": 1})  # under 5 %: its p95 stands
+    assert misses(Cell("d", "w", slow, one_lost, world)) != []
+    failing = slow.model_copy(update={"answers": 8, "failed": 20})
+    assert [v.values for v in judge([Cell("d", "w", failing, killed, world)]) if v.goal.name.startswith("TTFT")] == [()]
+
+
 @pytest.mark.slow
 def test_lab_fleet_prints_every_goals_distribution() -> None:
     out = subprocess.run(
