@@ -62,15 +62,20 @@ class Authority:
 
     def aside(
         self, t: float, *, hot: bool, u: float | None, throttled: bool | None, temp_c: float | None,
-        trip_c: float | None = None,
+        trip_c: float | None = None, held: bool = False,
     ) -> bool:  # fmt: skip
         """Whether hot's limits step aside this tick (`u`: the PI's last output; `throttled`: the kernel holds the
         clock down; None: unknown, never a reason to step aside; `trip_c`: the zone's trip: a zone more than `FALL_C`
-        under it is not held at its trip by others, the kernel's step is only waiting out its hysteresis)."""
+        under it is not held at its trip by others, the kernel's step is only waiting out its hysteresis; `held`: others
+        want every core and no clock can be set)."""
         if not hot:  # out of hot: the back-off starts over
             self._since = self._start_c = self.aside_t = self._calm_t = self.kernel = None
             self.backoff_s = BACKOFF_S
             return False
+        if held:  # aside now; the way back starts when others no longer want every core, so the kernel, not a PI
+            # restarting into the heat they left, takes the zone back down
+            self.aside_t, self._calm_t, self.kernel = self.aside_t if self.aside_t is not None else t, None, None
+            return True
         if self.aside_t is not None:
             if throttled is not False:
                 self._calm_t = None

@@ -178,14 +178,14 @@ def rule_of(k: Tick) -> tuple[str, Clause]:
         return "dwell.hold", lambda: f"{why()}, {k.desired.value} in {k.held_for_s:.1f} s (dwell)"
     if k.label != k.state:
         return "hold.pin", lambda: f"pinned by a client hold ({_why_on(k, k.state)[1]()})"
+    if k.state == State.HOT and k.saturated and k.choice is None:
+        return "thermal.saturated", lambda: f"{_headroom(v)}; pass-through: {SATURATED}; the kernel keeps the trip"
     if k.state == State.HOT and k.aside is not None:
         aside = k.aside
         if aside.kernel is not None:
             capped = k.config.max_tokens_per_s is not None
             return "thermal.kernel", lambda: _kernel(v, aside, capped)
         return "thermal.aside", lambda: _aside(v, aside.back_s)
-    if k.state == State.HOT and k.saturated and k.choice is None:
-        return "thermal.saturated", lambda: f"{_headroom(v)}; pass-through: {SATURATED}; the kernel keeps the trip"
     stepped = k.tier is not None and k.prev is not None and k.prev.model != k.config.model == k.tier[0]
     if k.state == State.HOT and stepped:
         return "thermal.tier", lambda: _tier(v, k)

@@ -84,7 +84,14 @@ class HotControl:
         # Where hot caps the clock, a zone under its trip is not held there by others: the kernel's step only waits
         # out its hysteresis, and takes no clock hot's floor has not (policies/authority.py).
         trip = view.trip_c if self.power.enabled else None
-        aside = self.authority.aside(t, hot=True, u=self.u, throttled=throttled, temp_c=view.temp_c, trip_c=trip)
+        # Others want every core: a thread or a rate cap the engine gives up goes to them, the cores stay busy and the
+        # die's watts the same; with no clock to set, the kernel's throttling is all that keeps the trip, as for
+        # `none` (fleet:2:191, a build on every core: hot cut the engine to 1 tok/s for 160 s until it stepped aside).
+        self.saturated = saturated
+        aside = self.authority.aside(
+            t, hot=True, u=self.u, throttled=throttled, temp_c=view.temp_c, trip_c=trip,
+            held=saturated and not self.power.enabled,
+        )  # fmt: skip
         over = view.temp_c is not None and view.temp_c >= view.setpoint_c
         # (threads on the slowest cluster are not a rise or cut of hot's thread count on the fastest cores)
         self.ceiling.observe(t, prev.threads if prev is not None and not self.slow else None, over_setpoint=over)
@@ -103,13 +110,7 @@ class HotControl:
             return out
         if aside and self.authority.kernel is not None and view.temp_c is not None:
             return self._over_trip(view, prev, t, cpus)
-        self.saturated = saturated
-        if aside or (saturated and not self.power.enabled):
-            # Aside: the kernel throttles with hot's cut at its floor. Saturated: others want every core, so a thread
-            # or a rate cap the engine gives up goes to them, the cores stay busy and the die's watts the same; with
-            # no clock to set, the kernel's throttling is all that keeps the trip, as for `none` (fleet:2:191, a
-            # build on every core: hot cut the engine to 1 tok/s for 160 s until it stepped aside). Pass-through;
-            # the PI restarts bumpless.
+        if aside:  # the kernel throttles with hot's cut at its floor: pass-through; the PI restarts bumpless
             self.reset()
             self.slow = self._slow_full = False
             return out
