@@ -331,3 +331,26 @@ def test_hot_beside_a_build_on_every_core_keeps_the_engines_threads(policy: Poli
         assert (build.freq_ratio, build.rule) == (0.5, "thermal.pi")
     else:
         assert (build.rule, "pass-through" in build.reason) == ("thermal.saturated", True)
+
+
+def test_without_a_clock_hot_comes_back_after_a_build_once_the_kernel_is_calm(policy: Policy) -> None:
+    """The build ends with the zone still over the setpoint from its heat: the kernel, which was throttling for it,
+    takes the zone back down; hot's limits return only once the kernel has not throttled for the back-off (120 s), as
+    after others' heat, not the moment the cores are free (a PI restarting into the build's heat cut the engine where
+    `none` ran on: fleet:2:6, 1.12 -> 0.90 x `none`'s tokens)."""
+    gov, threads, seen = StateMachine(policy), 3, []
+    for i in range(1600):
+        t = i * 0.25
+        tasks = 8.0 if t < 120 else 0.0  # the build runs 2 minutes
+        throttled = t < 200  # ... and the kernel throttles until 80 s after it
+        temp = 60.0 + i if i < 20 else 79.9  # held over the 78 °C setpoint, under the 80 °C trip
+        cpu = shared(tasks, threads, True, count=4).cpu.model_copy(update={"throttled": throttled})
+        engine = EngineObservation(busy=True, tokens_per_s=2.0 * threads, model="m", threads=threads)
+        decision = gov.decide(snap(temp).model_copy(update={"cpu": cpu}), engine, t)
+        threads = decision.engine.threads
+        seen.append((t, decision.rule, decision.engine.threads, decision.engine.max_tokens_per_s))
+    during = [s for s in seen if 30 <= s[0] < 120]
+    assert {r for _, r, _, _ in during} == {"thermal.saturated"}
+    assert {(n, cap) for t, _, n, cap in seen if 30 <= t < 320} == {(4, None)}  # build, kernel, back-off: uncut
+    back = next(t for t, rule, n, cap in seen if t >= 120 and (n, cap) != (4, None))
+    assert 320 <= back <= 330  # 120 s after the kernel's last throttling
