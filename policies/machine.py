@@ -142,9 +142,11 @@ class StateMachine:
         rate = min(rates) if rates else None
         measured = contention is not None and (contention.measured is not None or contention.probe is not None)
         moved = slow and not self._slow_placed
-        if measured or moved or (self.state == State.HOT and self.hot.authority.back_after_s is not None):
-            # measured counts, hot stepped aside (the engine as ungoverned), or threads moved to the slowest cores
-            # (less power, not a rise): no ramp
+        allocated = self.state == State.HOT and self.power.choice is not None
+        if measured or moved or allocated or (self.state == State.HOT and self.hot.authority.back_after_s is not None):
+            # measured counts, hot stepped aside (the engine as ungoverned), threads moved to the slowest cores (less
+            # power, not a rise), or hot's power budget placed them (with the clock: the pair fits the budget, where a
+            # ramp after one tick at the trip held 1 thread at full clock for minutes, fleet:2:57): no ramp
             self._ramping = False
         else:
             threads, rate = self._recover(threads, rate, prev, t)
