@@ -145,13 +145,12 @@ class ThreadFit:
         return self._bans.get((self._model or "", self.taken, threads), -1.0) > t
 
     def _clean(self, cpu: Cpu, engine: EngineObservation | None) -> bool:
-        """What the others got is what they want: the engine is not computing, some CPU is idle, or they got next to
-        nothing (the scheduler gives every runnable task its share: none of theirs was runnable). While the engine
-        computes on every core the others' use is otherwise only what it left them."""
+        """What the others got is what they want: the engine is not computing, or some CPU is idle. While the engine
+        computes on every core the others' use is only what it left them."""
         other, used, count, slack = cpu.other_cores, cpu.engine_cores, cpu.count, self.cfg.release_fraction
         if other is None or not count or engine is None or not engine.busy or used is None or used <= slack:
             return True
-        return other + used < count - slack or other < slack
+        return other + used < count - slack
 
     def demand(self, cpu: Cpu, threads: int | None) -> float | None:
         """Cores' worth the other processes want. What they got, unless every core is busy and the engine's threads

@@ -250,7 +250,7 @@ def shared(tasks: float, threads: int, busy: bool, count: int = 2) -> Snapshot:
     """`tasks` other runnable CPU-bound tasks beside the engine: the scheduler gives every runnable thread an equal
     share of the cores (what /proc/stat shows for the others and for the engine)."""
     running = threads if busy else 0
-    share = min(1.0, count / (running + tasks))
+    share = min(1.0, count / (running + tasks)) if running + tasks else 1.0
     cpu = Cpu(
         freq_ratio=None,
         throttled=None,
@@ -342,10 +342,11 @@ def test_without_a_clock_hot_comes_back_after_a_build_once_the_kernel_is_calm(po
     for i in range(1600):
         t = i * 0.25
         tasks = 8.0 if t < 120 else 0.0  # the build runs 2 minutes
+        busy = not 125 <= t < 145  # the chat pauses after it (the cores free, seen as such)
         throttled = t < 200  # ... and the kernel throttles until 80 s after it
         temp = 60.0 + i if i < 20 else 79.9  # held over the 78 °C setpoint, under the 80 °C trip
-        cpu = shared(tasks, threads, True, count=4).cpu.model_copy(update={"throttled": throttled})
-        engine = EngineObservation(busy=True, tokens_per_s=2.0 * threads, model="m", threads=threads)
+        cpu = shared(tasks, threads, busy, count=4).cpu.model_copy(update={"throttled": throttled})
+        engine = EngineObservation(busy=busy, tokens_per_s=2.0 * threads if busy else None, model="m", threads=threads)
         decision = gov.decide(snap(temp).model_copy(update={"cpu": cpu}), engine, t)
         threads = decision.engine.threads
         seen.append((t, decision.rule, decision.engine.threads, decision.engine.max_tokens_per_s))
