@@ -142,14 +142,9 @@ class StateMachine:
         rate = min(rates) if rates else None
         measured = contention is not None and (contention.measured is not None or contention.probe is not None)
         moved = slow and not self._slow_placed
-        choice = self.power.choice if self.state == State.HOT and not self._prefill else None
-        allocated = choice is not None and choice.threads == threads == self.power.full_threads(self._cpus)
-        if measured or moved or allocated or (self.state == State.HOT and self.hot.authority.back_after_s is not None):
-            # measured counts, hot stepped aside (the engine as ungoverned), threads moved to the slowest cores (less
-            # power, not a rise), or hot's power budget back at every thread while decoding (with the clock the pair
-            # fits the budget, where a ramp after a spell over the trip held 1 thread at full clock for minutes,
-            # fleet:2:57; a step between fewer counts still ramps, and a prompt's whole budget is not a way back): no
-            # ramp
+        if measured or moved or (self.state == State.HOT and self.hot.authority.back_after_s is not None):
+            # measured counts, hot stepped aside (the engine as ungoverned), or threads moved to the slowest cores
+            # (less power, not a rise): no ramp
             self._ramping = False
         else:
             threads, rate = self._recover(threads, rate, prev, t)
