@@ -37,6 +37,7 @@ from policies.schema import Limits, Policy, all_of
 
 SLOW_GAIN = 1.15  # the slowest cluster alone: when predicted this much faster within hot's power (back: 1 / this)
 FLOOR_NEAR_C = 0.5  # ... at the PI's floor within this of the trip, their cap falls toward the floor's tokens
+PROMPT_ROOM_C = 1.0  # a prompt gets hot's whole budget only this far under the setpoint
 HOLD_C = 0.5  # ... running uncapped within this of the setpoint (under it), the PI's output holds
 KERNEL_GAIN = 1.15  # alike cores, no writable clock: the kernel's clock steps take over when predicted this much faster
 KERNEL_OVER_C = 1.0  # ... and hot's PI holds the zone at least this far over the trip where they cannot,
@@ -139,10 +140,13 @@ class HotControl:
             self.ceiling.asked(None if self.slow else limits.threads)
             return out
         # a power budget, allocated to clock x threads x rate
-        if prefill and view.temp_c is not None and view.temp_c < view.setpoint_c:
+        if prefill and view.temp_c is not None and view.temp_c < view.setpoint_c - PROMPT_ROOM_C:
             # A prompt under the setpoint gets the whole budget, as `none` runs it: it is compute-bound (each
             # clock step costs time to first token) and short, and where decode is memory-bound the clock it
-            # needs is lower; the PI's approach to the setpoint would cut it. The guard still keeps the trip.
+            # needs is lower; the PI's approach to the setpoint would cut it. The guard still keeps the trip. Not
+            # within PROMPT_ROOM_C of it: there the whole budget takes a small die over the trip within a tick, the
+            # kernel's step drops the setpoint and the budget to its floor, and the threads come back one per recover
+            # step for minutes (fleet:2:57's long chat: 29 config changes, 0.88 x `none`'s tokens; now none, 0.99).
             u = 1.0
         guarded = self.power.guard(u, view.temp_c, view.trip_c, prev.threads if prev else None, cpus)
         if guarded < u and self._pi is not None and view.temp_c is not None:

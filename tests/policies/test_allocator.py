@@ -301,21 +301,24 @@ def test_the_allocators_grid_follows_the_thread_range_and_the_clock_table() -> N
     )
 
 
-def test_a_prompt_under_the_setpoint_gets_the_whole_budget() -> None:
+def test_a_prompt_gets_the_whole_budget_only_with_room_under_the_setpoint() -> None:
     """Back under the setpoint after a hot spell, the PI's output falls below 1 as the die approaches it again (its
     integral was spent above it), and it cut a prompt's clock: compute-bound, every step costs time to first token,
     where `none` runs the prompt at the top clock and is throttled later, in the decode at the memory ceiling (free).
-    The Pi 5 beside a build: 2,183 of `none`'s 2,184 tokens. Under the setpoint a prompt now gets the whole budget;
-    over it the PI's budget holds, and a decode under the setpoint keeps its own allocation."""
+    So a prompt under the setpoint got the whole budget; but within 1 °C of it the whole budget takes a small die over
+    the trip within a tick, the kernel's step drops the setpoint and the budget to its floor, and the threads come
+    back one per recover step for minutes (fleet:2:57's long chat, 0.88 x `none`'s tokens). There, and over the
+    setpoint, the PI's budget holds; a decode keeps its own allocation."""
     temps = [76.0] * 3 + [80.3] * 40 + [77.0] * 4 + [78.6, 78.9, 79.2, 79.4]
     prompt, decoding = EngineObservation(busy=True), EngineObservation(busy=True, tokens_per_s=3.0)
     gov = guarded(0.25)
     decisions = run(gov, [snap(x, trips=[("passive", 80.0)]) for x in temps], dt=0.5, engine=prompt)
     assert all(d.state == State.HOT for d in decisions[4:])
     assert decisions[42].freq_ratio == 0.8  # over the setpoint (79.5 °C): the PI's budget, prompt or not
-    rising = decisions[-4:]  # 78.6 -> 79.4 °C, under the setpoint
-    assert all(isinstance(u, float) and u < 0.96 for u in (d.readings["pi_output"] for d in rising))
-    assert [d.freq_ratio for d in rising] == [None] * 4  # the top clock: no cap
+    assert [d.freq_ratio for d in decisions[-8:-4]] == [None] * 4  # 2.5 °C under it: the top clock
+    near = decisions[-3:]  # 78.9 -> 79.4 °C: within 1 °C
+    assert all(isinstance(u, float) and u < 0.96 for u in (d.readings["pi_output"] for d in near))
+    assert all(d.freq_ratio is not None and d.freq_ratio < 1.0 for d in near)  # the PI's budget
     gov = guarded(0.25)
     decisions = run(gov, [snap(x, trips=[("passive", 80.0)]) for x in temps[:-4]], dt=0.5, engine=prompt)
     decisions = run(gov, [snap(x, trips=[("passive", 80.0)]) for x in temps[-4:]], dt=0.5, t0=23.5, engine=decoding)
