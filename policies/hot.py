@@ -113,7 +113,7 @@ class HotControl:
             return self._over_trip(view, prev, t, cpus)
         if aside:  # the kernel throttles with hot's cut at its floor: pass-through; the PI restarts bumpless
             self.reset()
-            self.slow = self._slow_full = False
+            self.slow = False
             return out
         self.prompt_fast = prefill and view.temp_c is not None and view.temp_c < view.setpoint_c
         near = view.temp_c is not None and view.setpoint_c - HOLD_C < view.temp_c < view.setpoint_c
