@@ -93,8 +93,8 @@ class ThreadFit:
     def saturated(self) -> bool:
         """Others want every core (all counted as taken): each engine thread's time is taken from them, not added to
         the cores' busy time, so the engine's threads and rate are not the die's watts; its clock is."""
-        count = self._cpu.count if self._cpu is not None else 0
-        return bool(count) and self.taken >= count
+        count = (self._cpu.count if self._cpu is not None else None) or 0
+        return count > 0 and self.taken >= count
 
     def update(self, cpu: Cpu, engine: EngineObservation | None, rate_capped: bool, t: float) -> None:
         self._cpu = cpu
