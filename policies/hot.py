@@ -89,8 +89,10 @@ class HotControl:
         # die's watts the same; with no clock to set, the kernel's throttling is all that keeps the trip, as for
         # `none` (fleet:2:191, a build on every core: hot cut the engine to 1 tok/s for 160 s until it stepped aside).
         self.saturated = saturated
+        # With a clock, its lowest step is the kernel's own: no stepping aside from it (that lifted the cap into a
+        # spell over the trip as the build ended, and critical took the smallest model: fleet:2:2:laptop).
         aside = self.authority.aside(
-            t, hot=True, u=self.u, throttled=throttled, temp_c=view.temp_c, trip_c=trip,
+            t, hot=True, u=None if saturated else self.u, throttled=throttled, temp_c=view.temp_c, trip_c=trip,
             held=saturated and not self.power.enabled,
         )  # fmt: skip
         over = view.temp_c is not None and view.temp_c >= view.setpoint_c
