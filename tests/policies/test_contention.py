@@ -355,3 +355,20 @@ def test_without_a_clock_hot_comes_back_after_a_build_once_the_kernel_is_calm(po
     assert {(n, cap) for t, _, n, cap in seen if 30 <= t < 320} == {(4, None)}  # build, kernel, back-off: uncut
     back = next(t for t, rule, n, cap in seen if t >= 120 and (n, cap) != (4, None))
     assert 320 <= back <= 330  # 120 s after the kernel's last throttling
+
+
+def test_beside_a_build_with_the_clock_hot_holds_its_lowest_clock_rather_than_step_aside(policy: Policy) -> None:
+    """The build holds the zone over the trip at hot's lowest clock and the kernel throttles: elsewhere that is heat not
+    the engine's, and hot steps aside (the clock cap lifted). Beside a build on every core the lowest clock is the
+    kernel's own deepest step, and lifting it ran the die into critical as the build ended (fleet:2:2:laptop): hot
+    keeps it."""
+    gov, threads, seen = StateMachine(policy, freq_ratios=(0.5, 0.75, 1.0)), 3, []
+    for i in range(800):  # 200 s, the build throughout
+        temp = 60.0 + i if i < 20 else 80.4
+        cpu = shared(8.0, threads, True, count=4).cpu.model_copy(update={"throttled": i >= 20})
+        engine = EngineObservation(busy=True, tokens_per_s=2.0 * threads, model="m", threads=threads)
+        decision = gov.decide(snap(temp).model_copy(update={"cpu": cpu}), engine, i * 0.25)
+        threads = decision.engine.threads
+        seen.append(decision)
+    assert {d.rule for d in seen[-400:]} == {"thermal.pi"}  # never thermal.aside
+    assert {(d.freq_ratio, d.engine.threads, d.engine.max_tokens_per_s) for d in seen[-400:]} == {(0.5, 3, None)}
