@@ -88,13 +88,14 @@ class HotControl:
         # Others want every core: a thread or a rate cap the engine gives up goes to them, the cores stay busy and the
         # die's watts the same; with no clock to set, the kernel's throttling is all that keeps the trip, as for
         # `none` (fleet:2:191, a build on every core: hot cut the engine to 1 tok/s for 160 s until it stepped aside).
-        self.saturated = saturated
         # With a clock, its lowest step is the kernel's own: no stepping aside from it (that lifted the cap into a
         # spell over the trip as the build ended, and critical took the smallest model: fleet:2:2:laptop).
         aside = self.authority.aside(
             t, hot=True, u=None if saturated else self.u, throttled=throttled, temp_c=view.temp_c, trip_c=trip,
             held=saturated and not self.power.enabled,
         )  # fmt: skip
+        # (with a clock, a step aside taken before the build began is not the build's: the why says aside)
+        self.saturated = saturated and not (aside and self.power.enabled)
         over = view.temp_c is not None and view.temp_c >= view.setpoint_c
         # (threads on the slowest cluster are not a rise or cut of hot's thread count on the fastest cores)
         self.ceiling.observe(t, prev.threads if prev is not None and not self.slow else None, over_setpoint=over)

@@ -185,7 +185,6 @@ class StateMachine:
         self._slow_cpus = self._slow_placed and not self.hot.prompt_fast
         self._waiting = fitted is not None and fitted.wait is not None
 
-        aside_now = self.power.choice is None  # hot passed through this tick (with a clock, only by stepping aside)
         tick = Tick(
             t=t, policy=self.policy, sense=sense, previous_state=previous_state, state=self.state, label=label,
             desired=desired, held_for_s=held_for, prev=prev, config=config, pi_u=self.hot.u, fit=fitted,
@@ -194,7 +193,7 @@ class StateMachine:
             aside=self.hot.authority.note if self.state == State.HOT else None,
             ceiling=self.hot.ceiling.note(t) if self.state == State.HOT else None,
             slow=cores.slow_cpus if self._slow_cpus else (),
-            saturated=self.state == State.HOT and self.hot.saturated and not (self.power.enabled and aside_now),
+            saturated=self.state == State.HOT and self.hot.saturated,
             sized_by=tuple(h.owner for h in sizing if model == h.max_tier or n_ctx == h.max_ctx),
             tier=None if stepped is None or self.tiers is None else (stepped, self.tiers.share),
         )  # fmt: skip
