@@ -37,8 +37,7 @@ class Answering:
     def _start(self, request: Request, now: float, n_ctx: int, pool: SimPool, chat: Conversation) -> None:
         adapter = pool.use(request.adapter)
         if adapter is None:  # larger than the whole pool: the engine answers 503
-            self.stats.failed += 1
-            self.finished.append(now)
+            self.failed(now)
             return
         self.stall, lost = adapter
         if lost and not request.new_conversation:  # the cache was the other adapter's: evaluated again
@@ -47,8 +46,7 @@ class Answering:
         prefill, shifts = chat.begin(request, n_ctx)
         self.stats.shifts += shifts
         if chat.ctx + prefill >= n_ctx:
-            self.stats.failed += 1  # the prompt alone does not fit: llama.cpp raises ValueError
-            self.finished.append(now)
+            self.failed(now)  # the prompt alone does not fit: llama.cpp raises ValueError
             return
         self.current = request
         self.prefill_left = prefill
@@ -72,6 +70,11 @@ class Answering:
         chat.history = chat.ctx
         self.stats.answers += 1
         self.current = None
+        self.finished.append(t)
+
+    def failed(self, t: float) -> None:
+        """A request failed at `t` without an answer (refused, too long, or the device is off)."""
+        self.stats.failed += 1
         self.finished.append(t)
 
     def killed(self, t: float) -> None:

@@ -45,6 +45,7 @@ class EngineSim:
         self.tier: SimModelSpec | None = None
         self.loaded = False
         self.stopped = False  # stopped because nothing fits in memory (requests wait in the queue)
+        self.off = False  # the device powered off (a critical trip): every request fails from then on
         self.paused = False  # of which: the answer in progress kept, its process alive without its model
         self.waiting: str | None = None  # the decision's engine_wait: stop once the answer in progress is done
         self.ready_s = 0.0  # loading (or restarting) until then
@@ -58,7 +59,7 @@ class EngineSim:
             sizes, switch_s=spec.adapter_switch_s, load_mb_s=spec.load_mb_s, cached_mb_s=spec.cached_load_mb_s
         )
 
-    # --- control (the loop's actuator, governor.lab.world.SimulatedEngine) ---
+    # --- control (the loop's actuator, governor.lab.twins.SimulatedEngine) ---
 
     def apply(self, config: EngineConfig, t: float) -> None:
         old = self.config
@@ -281,7 +282,20 @@ class EngineSim:
     # --- serving ---
 
     def submit(self, request: Request) -> None:
+        if self.off:
+            self.answering.failed(request.arrival_s)
+            return
         self.answering.queue.append(request)
+
+    def power_off(self, t: float) -> None:
+        """The kernel powered the device off at a critical trip: the answer in progress and the queued requests fail,
+        and so does every request after (`submit`); nothing runs again in the run."""
+        self.off = True
+        self._stop()
+        self.answering.killed(t)
+        while self.answering.queue:
+            self.answering.queue.popleft()
+            self.answering.failed(t)
 
     def busy(self) -> bool:
         return self.answering.current is not None or bool(self.answering.queue) or self._swap is not None

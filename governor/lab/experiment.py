@@ -12,8 +12,9 @@ from pydantic import BaseModel, ConfigDict
 
 from governor.clock import VirtualClock
 from governor.lab.device import DeviceSpec
+from governor.lab.twins import SimulatedDevice, SimulatedEngine, actuators
 from governor.lab.workload import WorkloadSpec
-from governor.lab.world import Series, SimulatedDevice, SimulatedEngine, World, actuators
+from governor.lab.world import Series, World
 from governor.loop import Decider, GovernorLoop
 from policies.decision import Decision
 from sensors.snapshot import EngineObservation, Snapshot, TraceRecord
@@ -61,6 +62,7 @@ class Summary(BaseModel):
     routed_tokens: float = 0.0
     restarts: int = 0  # llama-server restarted to change a setting (its slot restored in `restores` of them)
     restores: int = 0
+    shutdown_s: float | None = None  # the kernel powered the device off at a critical trip then (off for the rest)
 
 
 @dataclass
@@ -109,7 +111,7 @@ def simulate(
         if trace is not None:
             record = TraceRecord(**dict(snapshot), t=t, engine=observed)
             trace.write(record.model_dump_json(exclude_defaults=True) + "\n")
-        if last and decision.engine != last[0].engine:
+        if last and decision.engine != last[0].engine and world.off_s is None:  # (off: the daemon is too)
             changes[0] += 1
             changes[1] += decision.state != last[0].state
             if decision.engine.model != last[0].engine.model:
@@ -206,4 +208,5 @@ def summarize(
         battery_used_pct=100 * world.battery_used_wh / bat.capacity_wh if bat else None,
         routed_answers=routed_answers,
         routed_tokens=round(routed_tokens),
+        shutdown_s=world.off_s,
     )

@@ -29,12 +29,13 @@ class Cell:
 
     @property
     def winnable(self) -> bool:
-        """The ungoverned engine is throttled > 5 % of the time or loses answers to OOM kills."""
-        return self.none.throttled_pct > WIN_THROTTLED_PCT or self.none.oom_kills > 0
+        """The ungoverned engine is throttled > 5 % of the time, loses answers to OOM kills or shuts the device down."""
+        n = self.none
+        return n.throttled_pct > WIN_THROTTLED_PCT or n.oom_kills > 0 or n.shutdown_s is not None
 
     @property
     def none_survives(self) -> bool:
-        return self.none.oom_kills == 0 and self.none.failed == 0
+        return self.none.oom_kills == 0 and self.none.failed == 0 and self.none.shutdown_s is None
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,9 @@ def _tokens(c: Cell) -> float | None:
 
 
 def _joules(c: Cell) -> float | None:
+    """Not where `none` shut the device down: its joules stop there, the governed run's go on (idle included)."""
     g, n = c.governed.j_per_token, c.none.j_per_token
-    return None if g is None or not n else g / n
+    return None if g is None or not n or c.none.shutdown_s is not None else g / n
 
 
 def _ttft_p95(s: Summary) -> float | None:
@@ -100,6 +102,13 @@ GOALS: tuple[Goal, ...] = (
         max,
     ),
     Goal("TTFT p95 ÷ max(3 p50, 1.2 none p95)", "<= 1", _ttft, _at_most(1), max),
+    Goal(
+        "critical shutdowns (world alone stays on)",
+        "0",
+        lambda c: float(c.governed.shutdown_s is not None) if c.world.shutdown_s is None else None,
+        _at_most(0),
+        max,
+    ),
 )
 WIN_MEDIAN = 1.05  # tokens ÷ none, median over the winnable cells
 

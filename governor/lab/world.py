@@ -1,21 +1,17 @@
-"""A simulated device as the loop sees it: `SimulatedDevice` is a SensorSource, `SimulatedEngine` the loop's view of
-the engine, and the actuators' twins (`actuators()`), all views of one `World` that advances its physics lazily to the
-clock's time on a fixed grid."""
+"""A simulated device: the `World` that advances its physics lazily to the clock's time on a fixed grid, and the
+snapshot its sensors give. The loop sees it through the daemon's parts' twins (governor/lab/twins.py)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
-from governor.actuator import Actuator
-from governor.clock import Clock
 from governor.lab.device import MB, DeviceSpec
 from governor.lab.engine import EngineSim
 from governor.lab.routing import UpstreamSim
 from governor.lab.thermal import StepWise, ThermalModel
 from governor.lab.workload import Driver, WorkloadSpec
-from policies.decision import Decision, EngineConfig
+from policies.decision import Decision
 from policies.schema import Policy
 from sensors.snapshot import Battery, Cluster, Cpu, EngineObservation, Memory, Snapshot, Temperature, Trip
 
@@ -56,6 +52,10 @@ class World:
                     deepest = len(device.cpu.freq_steps) - 1
                     trips.append((i, trip.temp_c, trip.hysteresis_c, min(trip.max_state or deepest, deepest)))
         self.kernel = StepWise(trips, len(device.zone))
+        # A zone at its critical trip: the kernel powers the device off (drivers/thermal/thermal_core.c,
+        # handle_critical_trips -> hw_protection_shutdown, "Temperature too high"); it stays off for the run.
+        self._critical = [(i, t.temp_c) for i, z in enumerate(device.zone) for t in z.trip if t.type == "critical"]
+        self.off_s: float | None = None  # powered off then
         self._poll_every = max(1, round(device.cpu.poll_s / self.dt))
         self._zone_die = [z.node == "die" for z in device.zone]
         self._trips = [tuple(Trip(type=t.type, temp_c=t.temp_c) for t in z.trip) for z in device.zone]
@@ -171,6 +171,9 @@ class World:
         t = self.t
         self._events(t)
         self._ramp_to(t)
+        if self.off_s is not None:
+            self._step_off(h)
+            return
         engine = self.engine
         upstream = self._dispatch(t)
         engine.memory_left(self.total_bytes - self.other_apps_bytes, t)
@@ -201,20 +204,43 @@ class World:
         if engine.stopped:
             self.wait_s += h
         if self._steps % self._poll_every == 0:
-            self.kernel.poll([self.zone_temp(i) for i in range(len(self._zone_die))])
+            temps = [self.zone_temp(i) for i in range(len(self._zone_die))]
+            self.kernel.poll(temps)
+            if any(temps[i] >= critical for i, critical in self._critical):
+                self.off_s = self.t
+                engine.power_off(self.t)
+        if self.kernel.state > 0:
+            self.throttled_s += h
+        self._account(h, freq)
+
+    def _step_off(self, h: float) -> None:
+        """Powered off: no power, nothing runs; every request asked fails (none goes to an upstream: the router is
+        off too)."""
+        engine = self.engine
+        for request in self.driver.arrivals(self.t):
+            engine.submit(request)
+        for end in engine.answering.finished:
+            self.driver.answered(end)
+        engine.answering.finished.clear()
+        self.busy_cores = self.other_cores = self.power_w = self.cpu_psi = 0.0
+        self.thermal.step(0.0, h)
+        self._steps += 1
+        self.t += h
+        self._account(h, 0.0)
+
+    def _account(self, h: float, freq: float) -> None:
+        """The step's share of the run's figures, and the series at its resolution."""
         limit = self.zone_temp(self.limit_index)
         self.peak_limit_c = max(self.peak_limit_c, limit)
         self.peak_die_c = max(self.peak_die_c, self.thermal.die_c)
         self.sum_limit_c_s += limit * h
-        if self.kernel.state > 0:
-            self.throttled_s += h
         if self._steps % self._record_every == 0:
-            s = self.series
+            s, tokens = self.series, self.engine.stats.tokens
             s.t.append(self.t)
             s.limit_c.append(limit)
             s.die_c.append(self.thermal.die_c)
-            s.tokens_per_s.append((engine.stats.tokens - self._tokens_at_record) / (h * self._record_every))
-            self._tokens_at_record = engine.stats.tokens
+            s.tokens_per_s.append((tokens - self._tokens_at_record) / (h * self._record_every))
+            self._tokens_at_record = tokens
             s.freq_ratio.append(freq)
             s.power_w.append(self.power_w)
 
@@ -282,106 +308,3 @@ class World:
                 clusters=self._clusters,
             ),
         )
-
-
-class SimulatedDevice:
-    """SensorSource: the same snapshots real sensors give, from the model."""
-
-    def __init__(self, world: World, clock: Clock) -> None:
-        self.world = world
-        self.clock = clock
-
-    def sample(self) -> Snapshot:
-        self.world.advance_to(self.clock.now())
-        return self.world.snapshot()
-
-
-class SimulatedEngine:
-    """The loop's view of the simulated engine (`observe`) and its actuator, as the daemon's SupervisedEngine is: the
-    decision's settings (applied when they change) and its wait for memory (the engine is stopped, requests wait)."""
-
-    name = "engine"
-
-    def __init__(self, world: World, clock: Clock) -> None:
-        self.world = world
-        self.clock = clock
-        self._applied: EngineConfig | None = None
-
-    def observe(self) -> EngineObservation | None:
-        self.world.advance_to(self.clock.now())
-        engine = self.world.engine
-        if engine.config is None:
-            return None
-        if engine.stopped:  # waiting for memory: no model loaded, requests queued (a paused process holds its runtime)
-            return EngineObservation(
-                busy=engine.busy(),
-                model=None,
-                loaded=False,
-                threads=engine.config.threads,
-                rss_bytes=engine.resident_bytes(),
-                anon_bytes=engine.anon_bytes(),
-            )
-        return EngineObservation(
-            busy=engine.busy(),
-            tokens_per_s=engine.stats.take_rate(),
-            model=engine.config.model,
-            rss_bytes=engine.resident_bytes(),  # 0 while loading: the snapshot's available memory holds it all
-            anon_bytes=engine.anon_bytes(),
-            threads=engine.config.threads,
-            context_tokens=round(engine.chat.ctx),
-        )
-
-    def apply(self, decision: Decision) -> None:
-        if decision.engine != self._applied:
-            self.world.engine.apply(decision.engine, self.world.t)
-            self._applied = decision.engine
-        self.world.engine.wait(decision.engine_wait, decision.t)
-
-    def restore(self) -> None:
-        pass  # the simulated process ends with the run
-
-    def status(self) -> dict[str, Any]:
-        config = self.world.engine.config
-        return {"config": None if config is None else config.model_dump(), "pause": self.world.engine.waiting}
-
-
-class SimulatedClock:
-    """The clock cap actuator of a simulated device (the daemon's FreqCap): `scaling_max_freq` where writable."""
-
-    name = "cpufreq"
-
-    def __init__(self, world: World) -> None:
-        self.world = world
-
-    def apply(self, decision: Decision) -> None:
-        self.world.set_cap(decision.freq_ratio)
-
-    def restore(self) -> None:
-        self.world.set_cap(None)
-
-    def status(self) -> dict[str, Any]:
-        return {"writable": self.world.device.cpu.freq_writable, "ratio": self.world.user_cap}
-
-
-class SimulatedAffinity:
-    """The thread placement actuator of a simulated device (the daemon's affinity actuator): the CPUs the engine's
-    threads may run on."""
-
-    name = "affinity"
-
-    def __init__(self, world: World) -> None:
-        self.world = world
-
-    def apply(self, decision: Decision) -> None:
-        self.world.engine.set_affinity(decision.affinity)
-
-    def restore(self) -> None:
-        self.world.engine.set_affinity(None)
-
-    def status(self) -> dict[str, Any]:
-        return {"cpus": self.world.engine.affinity}
-
-
-def actuators(world: World, engine: SimulatedEngine) -> list[Actuator]:
-    """The lab's actuators, each the simulated twin of the daemon's, in the daemon's order (governor.daemon.app)."""
-    return [engine, SimulatedClock(world), SimulatedAffinity(world)]

@@ -106,17 +106,17 @@ def test_the_goals_name_what_a_cell_misses() -> None:
     bad = Cell(
         "d", "w",
         summary("default", 900, j_per_token=1.1, throttled_pct=13.0, config_changes=90, model_changes_within_5min=1,
-                oom_kills=1, ttft_p50_s=1.0, ttft_p95_s=9.0),
+                oom_kills=1, ttft_p50_s=1.0, ttft_p95_s=9.0, shutdown_s=1500.0),
         none, world,
     )  # fmt: skip
     assert misses(good) == []
     assert [m.rsplit(" ", 1)[0] for m in misses(bad)] == [
         "tokens ÷ none", "J/token ÷ none", "throttled - world alone (points)", "config changes a minute",
         "model switches < 5 min apart", "OOM kills + failed answers (none survives)",
-        "TTFT p95 ÷ max(3 p50, 1.2 none p95)",
+        "TTFT p95 ÷ max(3 p50, 1.2 none p95)", "critical shutdowns (world alone stays on)",
     ]  # fmt: skip
     verdicts = judge([good, bad])
-    assert [len(v.misses) for v in verdicts] == [1] * 7
+    assert [len(v.misses) for v in verdicts] == [1] * 8
     assert winnable_median([good, bad]) == (2, 1.0)
 
 
@@ -133,6 +133,25 @@ def test_failed_answers_have_no_first_token() -> None:
     assert misses(Cell("d", "w", slow, one_lost, world)) != []
     failing = slow.model_copy(update={"answers": 8, "failed": 20})
     assert [v.values for v in judge([Cell("d", "w", failing, killed, world)]) if v.goal.name.startswith("TTFT")] == [()]
+
+
+def test_a_none_that_shuts_the_device_down_has_left_something_to_win() -> None:
+    """`none` took a zone to its critical trip and the kernel powered the device off: the cell is winnable, its answers
+    after failed, and its joules, which stopped there, are not the governed run's bound (that one paid 30 minutes of
+    idle power). A governed run that shuts the device down misses, unless the world alone does too."""
+    world = summary("none", 0)
+    off = summary("none", 300, answers=3, failed=40, j_per_token=1.0, shutdown_s=495.0)
+    kept = summary("default", 350, answers=30, j_per_token=1.8)
+    cell = Cell("d", "w", kept, off, world)
+    assert cell.winnable
+    assert misses(cell) == []
+    assert [v.values for v in judge([cell]) if v.goal.name.startswith("J/token")] == [()]
+    shut = kept.model_copy(update={"shutdown_s": 900.0})
+    assert [m.rsplit(" ", 1)[0] for m in misses(Cell("d", "w", shut, off, world))] == [
+        "critical shutdowns (world alone stays on)"
+    ]
+    hot_world = world.model_copy(update={"shutdown_s": 60.0})
+    assert misses(Cell("d", "w", shut, off, hot_world)) == []
 
 
 @pytest.mark.slow

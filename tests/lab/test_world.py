@@ -8,8 +8,9 @@ from governor.clock import VirtualClock
 from governor.lab.catalog import load_device
 from governor.lab.device import MB
 from governor.lab.engine import EngineSim
+from governor.lab.twins import SimulatedDevice
 from governor.lab.workload import EventSpec, PhaseSpec, Request, WorkloadSpec
-from governor.lab.world import SimulatedDevice, World
+from governor.lab.world import World
 from policies.decision import EngineConfig
 
 PI = load_device("raspberry-pi-5")
@@ -171,3 +172,30 @@ def test_a_prompt_larger_than_the_context_fails_and_the_chat_goes_on() -> None:
     run_full(world, 300.0)  # n_ctx 2048 < 3000: llama.cpp refuses each prompt, the user asks again
     assert world.engine.stats.failed >= 10
     assert world.engine.stats.tokens == 0
+
+
+def test_a_zone_at_its_critical_trip_powers_the_device_off_for_the_rest_of_the_run() -> None:
+    """The kernel's critical trip is a shutdown (hw_protection_shutdown): the answer in progress and every question
+    after fail, no more tokens, no more power, and the device cools."""
+    zone = PI.zone[0]
+    # (under its passive trip: the kernel's throttling does not hold it off)
+    trips = (*(t for t in zone.trip if t.type == "passive"), zone.trip[-1].model_copy(update={"temp_c": 79.0}))
+    device = PI.model_copy(update={"zone": (zone.model_copy(update={"trip": trips}),)})
+    chat = PhaseSpec(kind="chat", duration_s=1800, think_s=(5.0, 5.0), answer_tokens=(400.0, 400.0))
+    workload = WorkloadSpec(name="c", phase=(chat,))
+    world = World(device, workload, record_s=0.5)
+    run_full(world, 900.0)
+    assert world.off_s is not None
+    off = world.series.t.index(world.off_s)  # (a poll on the record grid)
+    assert world.series.die_c[off] >= 79.0
+    assert all(r == 0.0 for r in world.series.tokens_per_s[off + 1 :])
+    assert all(p == 0.0 for p in world.series.power_w[off + 1 :])
+    assert world.series.die_c[-1] < 50.0  # off for minutes: toward the room
+    failed, answers = world.engine.stats.failed, world.engine.stats.answers
+    run_full(world, 960.0)
+    assert world.engine.stats.failed >= failed + 5  # each question asked fails
+    assert world.engine.stats.answers == answers
+    spared = World(PI, workload, record_s=0.5)  # the Pi's own critical trip, 110 °C: never reached
+    run_full(spared, 900.0)
+    assert spared.off_s is None
+    assert spared.engine.stats.failed == 0
