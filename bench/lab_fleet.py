@@ -146,6 +146,8 @@ def main() -> int:
         f"median tokens ÷ none "
         f"{'-' if med is None else f'{med:.3f}'} (goal >= {WIN_MEDIAN}){'' if med_ok else ' **misses**'}"
     )
+    if off := sum(not c.judged for c in cells):
+        print(f"cells the world alone shuts down (its programs take a zone to critical), not judged: {off}")
     for v in verdicts:
         if v.misses:
             print(f"\n{v.goal.name} ({v.goal.target}) missed in {len(v.misses)} cells; worst:")

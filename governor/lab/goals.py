@@ -34,6 +34,12 @@ class Cell:
         return n.throttled_pct > WIN_THROTTLED_PCT or n.oom_kills > 0 or n.shutdown_s is not None
 
     @property
+    def judged(self) -> bool:
+        """Not where the world alone shuts the device down: its other programs take a zone to its critical trip
+        whatever the engine runs (a build on a board that cannot hold it even at the kernel's deepest step)."""
+        return self.world.shutdown_s is None
+
+    @property
     def none_survives(self) -> bool:
         return self.none.oom_kills == 0 and self.none.failed == 0 and self.none.shutdown_s is None
 
@@ -102,13 +108,7 @@ GOALS: tuple[Goal, ...] = (
         max,
     ),
     Goal("TTFT p95 ÷ max(3 p50, 1.2 none p95)", "<= 1", _ttft, _at_most(1), max),
-    Goal(
-        "critical shutdowns (world alone stays on)",
-        "0",
-        lambda c: float(c.governed.shutdown_s is not None) if c.world.shutdown_s is None else None,
-        _at_most(0),
-        max,
-    ),
+    Goal("critical shutdowns", "0", lambda c: float(c.governed.shutdown_s is not None), _at_most(0), max),
 )
 WIN_MEDIAN = 1.05  # tokens ÷ none, median over the winnable cells
 
@@ -130,7 +130,7 @@ def judge(cells: Sequence[Cell]) -> list[Verdict]:
     out = []
     for goal in GOALS:
         values, misses = [], []
-        for c in cells:
+        for c in filter(lambda c: c.judged, cells):
             v = goal.value(c)
             if v is None:
                 continue
@@ -145,14 +145,14 @@ def judge(cells: Sequence[Cell]) -> list[Verdict]:
 
 def winnable_median(cells: Sequence[Cell]) -> tuple[int, float | None]:
     """(how many winnable cells, the median of their tokens ÷ none)."""
-    ratios = [r for c in cells if c.winnable and (r := _tokens(c)) is not None]
+    ratios = [r for c in cells if c.judged and c.winnable and (r := _tokens(c)) is not None]
     return len(ratios), float(np.median(ratios)) if ratios else None
 
 
 def misses(cell: Cell) -> list[str]:
-    """The goals one cell misses, by name."""
+    """The goals one cell misses, by name (none where it is not judged)."""
     out = []
-    for goal in GOALS:
+    for goal in GOALS if cell.judged else ():
         v = goal.value(cell)
         if v is not None and not goal.ok(v):
             out.append(f"{goal.name} {v:.3g}")

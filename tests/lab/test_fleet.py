@@ -113,7 +113,7 @@ def test_the_goals_name_what_a_cell_misses() -> None:
     assert [m.rsplit(" ", 1)[0] for m in misses(bad)] == [
         "tokens ÷ none", "J/token ÷ none", "throttled - world alone (points)", "config changes a minute",
         "model switches < 5 min apart", "OOM kills + failed answers (none survives)",
-        "TTFT p95 ÷ max(3 p50, 1.2 none p95)", "critical shutdowns (world alone stays on)",
+        "TTFT p95 ÷ max(3 p50, 1.2 none p95)", "critical shutdowns",
     ]  # fmt: skip
     verdicts = judge([good, bad])
     assert [len(v.misses) for v in verdicts] == [1] * 8
@@ -138,7 +138,8 @@ def test_failed_answers_have_no_first_token() -> None:
 def test_a_none_that_shuts_the_device_down_has_left_something_to_win() -> None:
     """`none` took a zone to its critical trip and the kernel powered the device off: the cell is winnable, its answers
     after failed, and its joules, which stopped there, are not the governed run's bound (that one paid 30 minutes of
-    idle power). A governed run that shuts the device down misses, unless the world alone does too."""
+    idle power). A governed run that shuts the device down misses; where the world alone does too, no engine setting
+    could have kept it on, and the cell is not judged."""
     world = summary("none", 0)
     off = summary("none", 300, answers=3, failed=40, j_per_token=1.0, shutdown_s=495.0)
     kept = summary("default", 350, answers=30, j_per_token=1.8)
@@ -147,11 +148,12 @@ def test_a_none_that_shuts_the_device_down_has_left_something_to_win() -> None:
     assert misses(cell) == []
     assert [v.values for v in judge([cell]) if v.goal.name.startswith("J/token")] == [()]
     shut = kept.model_copy(update={"shutdown_s": 900.0})
-    assert [m.rsplit(" ", 1)[0] for m in misses(Cell("d", "w", shut, off, world))] == [
-        "critical shutdowns (world alone stays on)"
-    ]
+    assert [m.rsplit(" ", 1)[0] for m in misses(Cell("d", "w", shut, off, world))] == ["critical shutdowns"]
     hot_world = world.model_copy(update={"shutdown_s": 60.0})
-    assert misses(Cell("d", "w", shut, off, hot_world)) == []
+    unjudged = Cell("d", "w", shut.model_copy(update={"failed": 40}), off, hot_world)
+    assert misses(unjudged) == []
+    assert all(v.values == () for v in judge([unjudged]))
+    assert winnable_median([unjudged]) == (0, None)
 
 
 @pytest.mark.slow
