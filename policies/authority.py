@@ -35,6 +35,7 @@ class Aside(NamedTuple):
 
     back_s: float
     kernel: tuple[float, float] | None = None
+    over: bool = False  # ... the kernel's at its lowest clock over the trip, where hot's clock holds it (hot.losing)
 
 
 class Authority:
@@ -45,6 +46,7 @@ class Authority:
         self._calm_t: float | None = None  # aside, and the kernel not throttling since
         self.backoff_s = BACKOFF_S
         self.kernel: tuple[float, float] | None = None  # stepped aside for the kernel's clock steps (see `Aside`)
+        self._over = False
 
     @property
     def back_after_s(self) -> float | None:
@@ -53,12 +55,13 @@ class Authority:
 
     @property
     def note(self) -> Aside | None:
-        return Aside(self.backoff_s, self.kernel) if self.aside_t is not None else None
+        return Aside(self.backoff_s, self.kernel, self._over) if self.aside_t is not None else None
 
-    def yield_to_kernel(self, t: float, governed: float, kernel: float) -> None:
+    def yield_to_kernel(self, t: float, governed: float, kernel: float, *, over: bool = False) -> None:
         """Step aside now: the kernel's clock steps are predicted to decode `kernel` tokens/s within the power hot's
-        limits allow, where those limits decode `governed` (back as after others' heat)."""
-        self.aside_t, self._calm_t, self.kernel = t, None, (governed, kernel)
+        limits allow (`over`: at its lowest clock, over the trip), where those limits decode `governed` (back as after
+        others' heat)."""
+        self.aside_t, self._calm_t, self.kernel, self._over = t, None, (governed, kernel), over
 
     def aside(
         self, t: float, *, hot: bool, u: float | None, throttled: bool | None, temp_c: float | None,

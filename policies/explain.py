@@ -269,10 +269,11 @@ def _aside(v: ThermalView, back_s: float) -> str:
 def _kernel(v: ThermalView, aside: Aside, capped: bool) -> str:
     governed, kernel = aside.kernel or (0.0, 0.0)
     over = "; over the trip, where the kernel's lowest clock does not hold it: a rate cap on every thread"
+    clock = "the clock the kernel's throttling takes to keep the trip: more tokens per watt where it cannot be set"
+    clock = "the lowest clock, over the trip: no smaller tier wins it back under it" if aside.over else clock
     return (
         f"{_headroom(v)}; pass-through: hot's limits {governed:.1f} tok/s vs {kernel:.1f} predicted ungoverned (every "
-        "thread at the clock the kernel's throttling takes to keep the trip: more tokens per watt where the clock "
-        f"cannot be set){over if capped else ''}; hot's limits return after {aside.back_s:.0f} s without throttling"
+        f"thread at {clock}){over if capped else ''}; hot's limits return after {aside.back_s:.0f} s without throttling"
     )
 
 

@@ -43,6 +43,7 @@ KERNEL_GAIN = 1.15  # alike cores, no writable clock: the kernel's clock steps t
 KERNEL_OVER_C = 1.0  # ... and hot's PI holds the zone at least this far over the trip where they cannot,
 KERNEL_UNDER_CRITICAL_C = 1.5  # ... this far under critical's threshold
 KERNEL_CAP_BELOW = 0.9  # ... capping once its output falls under this (lifted back at 1)
+LOSING_S = 15.0  # a writable clock: hot's budget predicted KERNEL_GAIN slower than the kernel's, on average this long
 
 
 class HotControl:
@@ -61,6 +62,8 @@ class HotControl:
         self.prompt_fast = False  # ... but this tick a prompt under the setpoint: on the fastest cores
         self.saturated = False  # others want every core: hot spends the clock alone, or passes through without one
         self._kernel_capped = False  # ... and the PI over the trip caps the rate
+        self._losing: tuple[float, float, float] | None = None  # a writable clock: (since, last, mean budget share)
+        self._passive = False  # the binding zone's trip is its own passive trip (not the policy's: a loss asked for)
 
     def reset(self) -> None:
         """The PI starts again, bumpless, the next time."""
@@ -69,6 +72,7 @@ class HotControl:
     def leave(self, t: float) -> None:
         """Not hot: the PI starts again next time, and a step aside's back-off starts over."""
         self.slow = self._slow_full = self.prompt_fast = self._kernel_capped = self.saturated = False
+        self._losing = None
         self.authority.aside(t, hot=False, u=self.u, throttled=None, temp_c=None)
         self.ceiling.leave()
         self.reset()
@@ -85,6 +89,7 @@ class HotControl:
         # Where hot caps the clock, a zone under its trip is not held there by others: the kernel's step only waits
         # out its hysteresis, and takes no clock hot's floor has not (policies/authority.py).
         trip = view.trip_c if self.power.enabled else None
+        self._passive = "passive trip" in view.trip_source
         # Others want every core: a thread or a rate cap the engine gives up goes to them, the cores stay busy and the
         # die's watts the same; with no clock to set, the kernel's throttling is all that keeps the trip, as for
         # `none` (fleet:2:191, a build on every core: hot cut the engine to 1 tok/s for 160 s until it stepped aside).
@@ -206,7 +211,8 @@ class HotControl:
         cap over what the engine decodes limits nothing, but it keeps the threads from being measured (contention)."""
         self.slow = self._slow_full = False
         over = max(view.trip_c + KERNEL_OVER_C, view.critical_c - KERNEL_UNDER_CRITICAL_C)
-        u = self._pi_output(view._replace(setpoint_c=over), prev, t, cpus)
+        # (with a clock, the PI starts uncapped: the power in use was hot's budget under the trip, not the kernel's)
+        u = self._pi_output(view._replace(setpoint_c=over), None if self.power.enabled else prev, t, cpus)
         self._kernel_capped = u < (1.0 if self._kernel_capped else KERNEL_CAP_BELOW)
         if not self._kernel_capped:
             return []
@@ -234,6 +240,37 @@ class HotControl:
             return None
         kernel = model.speed(full, math.pow(budget / top, 1 / model.k))
         return (got, kernel) if kernel >= KERNEL_GAIN * got else None
+
+    def against_kernel(self, cpus: int | None) -> tuple[float, float] | None:
+        """(tokens/s of this tick's allocation, of every thread at the clock table's lowest step: the deepest the
+        kernel's throttling takes the ungoverned engine); None without an allocation (no writable clock, not hot)."""
+        choice, ratios, model = self.power.choice, self.power.ratios, self.power.model
+        if choice is None or ratios is None:
+            return None
+        governed = model.speed(choice.threads, choice.freq_ratio)
+        if choice.rate is not None and model.a is not None:
+            governed = min(governed, choice.rate)
+        return governed, model.speed(self.power.full_threads(cpus), ratios[0])
+
+    def losing(self, t: float, governed: float, ungoverned: float, *, bottom: bool) -> None:
+        """Never lose to nothing, where the clock is hot's: every thread at the lowest clock heats the zone past its
+        trip (a board idling a few degrees under it: hot's budget there is a fraction of a watt), the kernel lets the
+        ungoverned engine run so, over the trip, and hot's budget decoding `governed` loses `KERNEL_GAIN` to it. On
+        average over `LOSING_S` of decoding (the PI's budget wobbles tick to tick), with no smaller tier to win it
+        back (`bottom`; policies/tierstep.py), on the zone's own passive trip: hot yields to the kernel (pass-through;
+        `_over_trip` keeps the zone under critical), back as after others' heat (fleet:2:174: 0.62-0.73 x `none`'s
+        tokens at 85 °C, `none` at 95 °C, critical 101 °C)."""
+        if not bottom or not self._passive or ungoverned <= 0:
+            self._losing = None
+            return
+        share = governed / ungoverned
+        since, last, mean = self._losing or (t, t, share)
+        mean += (share - mean) * min(1.0, (t - last) / LOSING_S)
+        self._losing = (since, t, mean)
+        if t - since >= LOSING_S and KERNEL_GAIN * mean < 1.0:
+            self.authority.yield_to_kernel(t, governed, ungoverned, over=True)
+            self._losing = None
+            self.reset()
 
     def _priced(self, threads: int, rate: float | None) -> tuple[float, float]:
         """(tokens/s, load) of `threads` of the fastest cores at the full clock under `rate`: a rate cap's duty idles

@@ -306,20 +306,22 @@ class StateMachine:
 
     def _tier_step(self, prev: EngineConfig | None, engine: EngineObservation | None, t: float) -> str | None:
         """Hot's largest tier where its budget leaves the tier in force far slower than the ungoverned engine
-        (policies/tierstep.py; with a writable clock, judged while the engine decodes)."""
-        steps, choice, ratios, model = self.tiers, self.power.choice, self.power.ratios, self.power.model
-        if steps is None or self.state != State.HOT:
+        (policies/tierstep.py; with a writable clock, judged while the engine decodes); at the smallest, hot yields."""
+        steps = self.tiers
+        if self.state != State.HOT:
             if steps is not None:
                 steps.leave()
             return None
         decoding = engine is not None and engine.busy and bool(engine.tokens_per_s)  # idle, the zone cools: no news
-        if choice is None or ratios is None or prev is None or not decoding or self.hot.authority.back_after_s:
-            return steps.limit
-        ungoverned = model.speed(self.power.full_threads(self._cpus), ratios[0])  # the kernel's deepest step
-        governed = model.speed(choice.threads, choice.freq_ratio)
-        if choice.rate is not None and model.a is not None:
-            governed = min(governed, choice.rate)
-        return steps.observe(t, prev.model, governed / ungoverned if ungoverned > 0 else 1.0)
+        limit = steps.limit if steps is not None else None
+        speeds = self.hot.against_kernel(self._cpus)
+        if speeds is None or prev is None or not decoding or self.hot.authority.back_after_s:
+            return limit
+        governed, ungoverned = speeds
+        if steps is not None:
+            limit = steps.observe(t, prev.model, governed / ungoverned if ungoverned > 0 else 1.0)
+        self.hot.losing(t, governed, ungoverned, bottom=steps is None or steps.bottom(prev.model))
+        return limit
 
     def _tier_due(self, prev: EngineConfig | None, model: str, stepped: str | None, t: float) -> bool:
         """Hot's step down to a smaller tier pays its price at once (it was held `HOLD_S` and buys several times the

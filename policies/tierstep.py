@@ -45,6 +45,13 @@ class TierStep:
     def limit(self) -> str | None:
         return self.names[self.cap] if self.cap > 0 else None
 
+    def bottom(self, model: str) -> bool:
+        """No smaller tier `GAIN` times faster than `model` to step down to."""
+        if model not in self.weights:
+            return True
+        smaller = self.names[self.names.index(model) + 1 :]
+        return not smaller or self.weights[model] < GAIN * self.weights[smaller[0]]
+
     def observe(self, t: float, model: str, budget_share: float) -> str | None:
         """`model`: the tier in force; `budget_share`: the budget's choice ÷ every thread at the lowest clock, both
         decoding that tier (a thread x clock ratio). Returns the largest tier allowed now (None: no limit)."""
@@ -53,8 +60,7 @@ class TierStep:
         largest = self.weights[self.names[0]]
         share = self.share = budget_share * largest / self.weights[model]
         here = self.names.index(model)
-        smaller = self.names[here + 1] if here + 1 < len(self.names) else None
-        down = smaller is not None and share < LOSS and self.weights[model] >= GAIN * self.weights[smaller]
+        down = share < LOSS and not self.bottom(model)
         if not down:
             self._down_t = None
         elif self._down_t is None:
