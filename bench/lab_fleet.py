@@ -142,7 +142,7 @@ def main() -> int:
     n_win, med = winnable_median(cells)
     med_ok = med is not None and med >= WIN_MEDIAN
     print(
-        f"\nwinnable cells (none throttled > 5 %, OOM-killed or shut down): {n_win} of {len(cells)}; "
+        f"\nwinnable cells (none throttled > 5 %, OOM-killed or shut down): {n_win} of {sum(c.judged for c in cells)}; "
         f"median tokens ÷ none "
         f"{'-' if med is None else f'{med:.3f}'} (goal >= {WIN_MEDIAN}){'' if med_ok else ' **misses**'}"
     )

@@ -34,6 +34,7 @@ from policies.controller import PIController
 from policies.decision import EngineConfig, State
 from policies.readings import ThermalView
 from policies.schema import Limits, Policy, all_of
+from policies.tierstep import TierStep
 
 SLOW_GAIN = 1.15  # the slowest cluster alone: when predicted this much faster within hot's power (back: 1 / this)
 FLOOR_NEAR_C = 0.5  # ... at the PI's floor within this of the trip, their cap falls toward the floor's tokens
@@ -252,14 +253,18 @@ class HotControl:
             governed = min(governed, choice.rate)
         return governed, model.speed(self.power.full_threads(cpus), ratios[0])
 
-    def losing(self, t: float, governed: float, ungoverned: float, *, bottom: bool) -> None:
+    def losing(self, t: float, governed: float, ungoverned: float, *, tiers: TierStep | None, model: str) -> None:
         """Never lose to nothing, where the clock is hot's: every thread at the lowest clock heats the zone past its
         trip (a board idling a few degrees under it: hot's budget there is a fraction of a watt), the kernel lets the
         ungoverned engine run so, over the trip, and hot's budget decoding `governed` loses `KERNEL_GAIN` to it. On
         average over `LOSING_S` of decoding (the PI's budget wobbles tick to tick), with no smaller tier to win it
-        back (`bottom`; policies/tierstep.py), on the zone's own passive trip: hot yields to the kernel (pass-through;
-        `_over_trip` keeps the zone under critical), back as after others' heat (fleet:2:174: 0.62-0.73 x `none`'s
-        tokens at 85 °C, `none` at 95 °C, critical 101 °C)."""
+        back (`tiers`, the ladder's step: policies/tierstep.py), on the zone's own passive trip: hot yields to the
+        kernel (pass-through; `_over_trip` keeps the zone under critical), back as after others' heat (fleet:2:174:
+        0.62-0.73 x `none`'s tokens at 85 °C, `none` at 95 °C, critical 101 °C). The ungoverned engine runs the largest
+        tier: a smaller one that beats it does not yield (fleet:2:193's 0.5B, 1.1-2.7 x `none`'s 3B, under the trip)."""
+        if tiers is not None and tiers.share:
+            ungoverned = governed / tiers.share  # (the share in the largest tier's units)
+        bottom = tiers is None or tiers.bottom(model)
         if not bottom or not self._passive or ungoverned <= 0:
             self._losing = None
             return

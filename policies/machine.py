@@ -320,7 +320,7 @@ class StateMachine:
         governed, ungoverned = speeds
         if steps is not None:
             limit = steps.observe(t, prev.model, governed / ungoverned if ungoverned > 0 else 1.0)
-        self.hot.losing(t, governed, ungoverned, bottom=steps is None or steps.bottom(prev.model))
+        self.hot.losing(t, governed, ungoverned, tiers=steps, model=prev.model)
         return limit
 
     def _tier_due(self, prev: EngineConfig | None, model: str, stepped: str | None, t: float) -> bool:

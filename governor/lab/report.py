@@ -29,7 +29,8 @@ def summary_lines(s: Summary) -> list[str]:
         f"time to first token  p50 {_num(s.ttft_p50_s, 2)} s, p95 {_num(s.ttft_p95_s, 2)} s",
         f"temperature          {s.limit_zone}: peak {s.peak_c:.1f} °C, mean {s.mean_c:.1f} °C "
         f"(trip {s.trip_c:.1f} °C); die peak {s.peak_die_c:.1f} °C",
-        f"kernel throttling    {s.throttled_pct:.1f} % of the time",
+        f"kernel throttling    {s.throttled_pct:.1f} % of the time"
+        + (f"; a zone at its critical trip: powered off at {s.shutdown_s:.0f} s" if s.shutdown_s is not None else ""),
         f"state changes        {s.state_changes}; time in "
         + ", ".join(f"{state} {pct:.0f} %" for state, pct in sorted(s.state_pct.items(), key=lambda kv: -kv[1])),
         f"energy               {s.energy_j:,.0f} J, {_num(s.j_per_token, 2)} J/token",
@@ -46,7 +47,7 @@ def comparison_table(runs: Sequence[Run], baseline: str = "none") -> Table:
     table = Table(title=f"{first.device} / {first.workload}, {first.minutes:.0f} min (trip {first.trip_c:.0f} °C)")
     columns = [
         "policy", "tokens", f"÷ {baseline}", "tok/s", "p10", "TTFT p50", "TTFT p95", f"peak {first.limit_zone}",
-        "mean °C", "throttled", "changes", "energy J", "J/token", "OOM", "failed", "starts", "battery",
+        "mean °C", "throttled", "changes", "energy J", "J/token", "OOM", "failed", "starts", "battery", "off at",
     ]  # fmt: skip
     for c in columns:
         table.add_column(c, justify="left" if c == "policy" else "right")
@@ -59,6 +60,7 @@ def comparison_table(runs: Sequence[Run], baseline: str = "none") -> Table:
             f"{s.throttled_pct:.1f} %", str(s.state_changes), f"{s.energy_j:,.0f}", _num(s.j_per_token, 2),
             str(s.oom_kills), str(s.failed), str(s.engine_starts),
             "-" if s.battery_used_pct is None else f"{s.battery_used_pct:.1f} %",
+            "-" if s.shutdown_s is None else f"{s.shutdown_s:.0f} s",
         )  # fmt: skip
     return table
 

@@ -1,6 +1,7 @@
 """Hot steps down the model ladder where the power that keeps the trip leaves the tier in force far slower than the
-ungoverned engine (policies/tierstep.py, rule `thermal.tier`); the trip guard at the lowest clock takes a thread; a
-zone under its trip, the kernel's step only waiting out its hysteresis, is no reason to step aside."""
+ungoverned engine (policies/tierstep.py, rule `thermal.tier`), and with no smaller tier to win it back yields to the
+kernel (rule `thermal.kernel`, policies/hot.py `losing`); the trip guard at the lowest clock takes a thread; a zone
+under its trip, the kernel's step only waiting out its hysteresis, is no reason to step aside."""
 
 from __future__ import annotations
 
@@ -37,20 +38,27 @@ def governor(freq_ratios: tuple[float, ...] | None = RATIOS) -> StateMachine:
     return StateMachine(load_policy("default"), ladder=ladder, footprints=footprints, freq_ratios=freq_ratios)
 
 
-def at_the_trip(temp_c: float, clock: float) -> Snapshot:
+def at_the_trip(temp_c: float, clock: float, throttled: bool = False) -> Snapshot:
     """An 8-core board whose idle power alone holds the die near its 80 °C trip."""
-    cpu = Cpu(freq_ratio=clock, throttled=False, count=8)
+    cpu = Cpu(freq_ratio=clock, throttled=throttled, count=8)
     return snap(temp_c, trips=[("passive", 80.0), ("critical", 105.0)]).model_copy(update={"cpu": cpu})
 
 
-def play(gov: StateMachine, seconds: float, dt: float = 0.25) -> list[Decision]:
-    """The die held over the setpoint whatever the engine does; the engine decodes at what its setting gives (per
-    thread x clock: 0.29 tok/s for the 3B model, 1.3 for the 0.5B, as fleet:2:193's)."""
+def play(
+    gov: StateMachine, seconds: float, dt: float = 0.25, temp_c: float = 79.7, throttled: bool = False
+) -> list[Decision]:
+    """The die held at `temp_c` whatever the engine does; the engine decodes at what its setting gives (per thread x
+    clock: 0.29 tok/s for the 3B model, 1.3 for the 0.5B, as fleet:2:193's)."""
     out: list[Decision] = []
-    t, model, threads, clock = 0.0, BIG, 8, 1.0
-    while t < seconds:
+    last = gov.last
+    t = last.t + dt if last is not None else 0.0
+    end = t + seconds
+    model, threads = (last.engine.model, last.engine.threads) if last is not None else (BIG, 8)
+    clock = (last.freq_ratio or 1.0) if last is not None else 1.0
+    while t < end:
         tok_s = (0.29 if model == BIG else 1.3) * threads * clock
-        d = gov.decide(at_the_trip(79.7, clock), EngineObservation(busy=True, tokens_per_s=tok_s, model=model), t)
+        snapshot = at_the_trip(temp_c, clock, throttled)
+        d = gov.decide(snapshot, EngineObservation(busy=True, tokens_per_s=tok_s, model=model), t)
         model, threads, clock = d.engine.model, d.engine.threads, d.freq_ratio or 1.0
         out.append(d)
         t += dt
@@ -98,6 +106,39 @@ def test_the_step_waits_its_hold_and_a_bigger_tier_comes_back_when_it_would_not_
     steps.observe(t + 1, BIG, 0.1)
     steps.leave()
     assert steps.limit is None
+
+
+def test_with_no_smaller_tier_a_budget_that_loses_to_the_kernel_yields_to_it() -> None:
+    """fleet:2:174 (8 cores, writable clock, idle 73 °C under an 85 °C trip, one model): hot's budget at the trip was
+    4-5 threads at the lowest clock, 0.62-0.73 x the tokens of `none`, which the kernel ran on every thread at its
+    lowest clock at 95 °C (critical 101 °C). Never lose to nothing: hot yields, every thread, the clock released, while
+    the kernel throttles over the trip; the why names the rule and both predictions. Back once the kernel is calm."""
+    gov = StateMachine(load_policy("default"), freq_ratios=RATIOS)
+    cut = play(gov, 240.0)
+    yielded = next(i for i, d in enumerate(cut) if d.rule == "thermal.kernel")
+    over = play(gov, 300.0, temp_c=82.0, throttled=True)  # the kernel throttles every thread over the trip
+    aside = cut[yielded:] + over
+    assert all(d.rule == "thermal.kernel" and d.state == State.HOT for d in aside)
+    assert (over[-1].engine.threads, over[-1].engine.max_tokens_per_s, over[-1].freq_ratio) == (8, None, None)
+    assert "predicted ungoverned (every thread at the lowest clock, over the trip" in over[-1].reason
+    assert sum(1 for a, b in itertools.pairwise(aside) if a.engine != b.engine) <= 4  # the threads come back
+    calm = play(gov, 200.0, temp_c=79.0)
+    assert calm[-1].rule != "thermal.kernel"
+
+
+def test_a_smaller_tier_that_wins_it_back_under_the_trip_comes_first() -> None:
+    out = play(governor(), 360.0)
+    small = next(i for i, d in enumerate(out) if d.engine.model == SMALL)
+    assert all(d.rule != "thermal.kernel" for d in out[:small])
+
+
+def test_yielded_with_a_clock_a_zone_nearing_critical_gets_a_rate_cap() -> None:
+    gov = StateMachine(load_policy("default"), freq_ratios=RATIOS)
+    play(gov, 240.0)
+    near = play(gov, 120.0, temp_c=99.5, throttled=True)  # the kernel's lowest clock: toward critical (from 100)
+    assert near[-1].rule == "thermal.kernel"
+    assert near[-1].engine.max_tokens_per_s is not None
+    assert "a rate cap on every thread" in near[-1].reason
 
 
 def test_a_smaller_tier_not_much_faster_is_not_worth_a_model_load() -> None:
