@@ -64,7 +64,9 @@ class HotControl:
         self.saturated = False  # others want every core: hot spends the clock alone, or passes through without one
         self._kernel_capped = False  # ... and the PI over the trip caps the rate
         self._losing: tuple[float, float, float] | None = None  # a writable clock: (since, last, mean budget share)
-        self._passive = False  # the binding zone's trip is its own passive trip (not the policy's: a loss asked for)
+        self._lost: str | None = None  # ... the model hot yielded with (the next spell in hot yields without the wait)
+        self._passive = False  # the binding zone's trip is its own passive trip (not the policy's: a loss asked for),
+        # and the device is alone (no contention, no memory pressure): `losing` may judge
 
     def reset(self) -> None:
         """The PI starts again, bumpless, the next time."""
@@ -81,16 +83,18 @@ class HotControl:
     def limits(
         self, view: ThermalView, *, untrusted: bool, throttled: bool | None, prev: EngineConfig | None, t: float,
         cpus: int | None, prefill: bool, contended: bool, saturated: bool = False, place: bool = True,
+        pressure: bool = False,
     ) -> list[Limits]:  # fmt: skip
         """The hot limits of this tick (`throttled`: the kernel holds the clock down; `prefill`: the engine evaluates a
-        prompt; `contended`: others hold cores (`saturated`: every core); `place`: the slowest cluster may take them,
-        in hot proper, not where critical for memory borrows hot's limits only while the zone is over the setpoint:
-        there they come and go, and a move between clusters each way doubled the changes, fleet:2:181's burst 28.8 ->
-        41.7 a minute)."""
+        prompt; `contended`: others hold cores (`saturated`: every core); `pressure`: memory pressure (with either,
+        the ungoverned engine's prediction is not of the device alone: no `losing`); `place`: the slowest cluster may
+        take them, in hot proper, not where critical for memory borrows hot's limits only while the zone is over the
+        setpoint: there they come and go, and a move between clusters each way doubled the changes, fleet:2:181's
+        burst 28.8 -> 41.7 a minute)."""
         # Where hot caps the clock, a zone under its trip is not held there by others: the kernel's step only waits
         # out its hysteresis, and takes no clock hot's floor has not (policies/authority.py).
         trip = view.trip_c if self.power.enabled else None
-        self._passive = "passive trip" in view.trip_source
+        self._passive = "passive trip" in view.trip_source and not (contended or pressure)
         # Others want every core: a thread or a rate cap the engine gives up goes to them, the cores stay busy and the
         # die's watts the same; with no clock to set, the kernel's throttling is all that keeps the trip, as for
         # `none` (fleet:2:191, a build on every core: hot cut the engine to 1 tok/s for 160 s until it stepped aside).
@@ -261,20 +265,22 @@ class HotControl:
         back (`tiers`, the ladder's step: policies/tierstep.py), on the zone's own passive trip: hot yields to the
         kernel (pass-through; `_over_trip` keeps the zone under critical), back as after others' heat (fleet:2:174:
         0.62-0.73 x `none`'s tokens at 85 °C, `none` at 95 °C, critical 101 °C). The ungoverned engine runs the largest
-        tier: a smaller one that beats it does not yield (fleet:2:193's 0.5B, 1.1-2.7 x `none`'s 3B, under the trip)."""
-        if tiers is not None and tiers.share:
+        tier: a smaller one that beats it does not yield (fleet:2:193's 0.5B, 1.1-2.7 x `none`'s 3B, under the trip).
+        The verdict is the device's (its idle power near the trip): a later spell in hot with the same model yields as
+        soon as its budget loses (each spell of a burst had waited a minute: fleet:2:174, 0.87 x `none`)."""
+        if tiers is not None and tiers.share and ungoverned > 0:
             ungoverned = governed / tiers.share  # (the share in the largest tier's units)
         bottom = tiers is None or tiers.bottom(model)
-        if not bottom or not self._passive or ungoverned <= 0:
+        if not bottom or not self._passive or ungoverned <= 0:  # (0: no prediction of the device alone)
             self._losing = None
             return
         share = governed / ungoverned
         since, last, mean = self._losing or (t, t, share)
         mean += (share - mean) * min(1.0, (t - last) / LOSING_S)
         self._losing = (since, t, mean)
-        if t - since >= LOSING_S and KERNEL_GAIN * mean < 1.0:
+        if t - since >= (0.0 if self._lost == model else LOSING_S) and KERNEL_GAIN * mean < 1.0 and share < 1.0:
             self.authority.yield_to_kernel(t, governed, ungoverned, over=True)
-            self._losing = None
+            self._losing, self._lost = None, model
             self.reset()
 
     def _priced(self, threads: int, rate: float | None) -> tuple[float, float]:

@@ -274,7 +274,7 @@ class StateMachine:
             active += self.hot.limits(
                 sense.view, untrusted=sense.untrusted, throttled=sense.cpu_throttled, prev=prev, t=t, cpus=self._cpus,
                 prefill=self._prefill, contended=self._contended, saturated=self._fit_threads.saturated,
-                place=self.state == State.HOT,
+                place=self.state == State.HOT, pressure=sense.pressure,
             )  # fmt: skip
         else:
             self.hot.leave(t)
