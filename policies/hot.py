@@ -44,7 +44,8 @@ KERNEL_GAIN = 1.15  # alike cores, no writable clock: the kernel's clock steps t
 KERNEL_OVER_C = 1.0  # ... and hot's PI holds the zone at least this far over the trip where they cannot,
 KERNEL_UNDER_CRITICAL_C = 1.5  # ... this far under critical's threshold
 KERNEL_CAP_BELOW = 0.9  # ... capping once its output falls under this (lifted back at 1)
-LOSING_S = 15.0  # a writable clock: hot's budget predicted KERNEL_GAIN slower than the kernel's, on average this long
+LOSING_S = 15.0  # a writable clock: hot's budget predicted LOSING_GAIN slower than the kernel's, on average this long
+LOSING_GAIN = 1.05  # ... (the tokens goal's 0.97 and a margin: a prediction of the device alone, every thread)
 
 
 class HotControl:
@@ -260,7 +261,7 @@ class HotControl:
     def losing(self, t: float, governed: float, ungoverned: float, *, tiers: TierStep | None, model: str) -> None:
         """Never lose to nothing, where the clock is hot's: every thread at the lowest clock heats the zone past its
         trip (a board idling a few degrees under it: hot's budget there is a fraction of a watt), the kernel lets the
-        ungoverned engine run so, over the trip, and hot's budget decoding `governed` loses `KERNEL_GAIN` to it. On
+        ungoverned engine run so, over the trip, and hot's budget decoding `governed` loses `LOSING_GAIN` to it. On
         average over `LOSING_S` of decoding (the PI's budget wobbles tick to tick), with no smaller tier to win it
         back (`tiers`, the ladder's step: policies/tierstep.py), on the zone's own passive trip: hot yields to the
         kernel (pass-through; `_over_trip` keeps the zone under critical), back as after others' heat (fleet:2:174:
@@ -278,7 +279,8 @@ class HotControl:
         since, last, mean = self._losing or (t, t, share)
         mean += (share - mean) * min(1.0, (t - last) / LOSING_S)
         self._losing = (since, t, mean)
-        if t - since >= (0.0 if self._lost == model else LOSING_S) and KERNEL_GAIN * mean < 1.0 and share < 1.0:
+        lost = self._lost == model  # (this tick's share: the PI's descent into the spell is no reason to wait)
+        if (lost or t - since >= LOSING_S) and LOSING_GAIN * (share if lost else mean) < 1.0 and share < 1.0:
             self.authority.yield_to_kernel(t, governed, ungoverned, over=True)
             self._losing, self._lost = None, model
             self.reset()
