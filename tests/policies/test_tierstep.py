@@ -13,6 +13,7 @@ from policies import StateMachine
 from policies.allocator import PowerAllocator
 from policies.authority import WINDOW_S, Authority
 from policies.decision import Decision, State
+from policies.hot import LOSING_S
 from policies.ladder import ModelLadder, ModelTier
 from policies.loader import load_policy
 from policies.memfit import ModelFootprint
@@ -124,6 +125,19 @@ def test_with_no_smaller_tier_a_budget_that_loses_to_the_kernel_yields_to_it() -
     assert sum(1 for a, b in itertools.pairwise(aside) if a.engine != b.engine) <= 4  # the threads come back
     calm = play(gov, 200.0, temp_c=79.0)
     assert calm[-1].rule != "thermal.kernel"
+
+
+def test_a_later_spell_in_hot_yields_without_the_wait() -> None:
+    """The first spell waits out 15 s of losing on average; the loss is the device's (its idle power near the trip),
+    so the next spell with the same model yields as soon as its budget loses."""
+    gov = StateMachine(load_policy("default"), freq_ratios=RATIOS)
+    first = play(gov, 240.0)
+    cool = play(gov, 120.0, temp_c=60.0)  # a pause in the chat: out of hot
+    assert cool[-1].state != State.HOT
+    second = play(gov, 240.0)
+    wait = [next(d.t for d in spell if d.rule == "thermal.kernel") - next(d.t for d in spell if d.state == State.HOT)
+            for spell in (first, second)]  # fmt: skip
+    assert wait[1] <= wait[0] - LOSING_S
 
 
 def test_a_smaller_tier_that_wins_it_back_under_the_trip_comes_first() -> None:
