@@ -18,7 +18,9 @@ Where the clock is not writable and the cores are alike, the kernel's passive tr
 the clock on every thread, f^(1-k) of the watts per token, where hot's threads and rate cap at the full clock cost the
 same watts per token at any cut. When the cut the PI asks for is predicted `KERNEL_GAIN` slower than every thread at
 the clock that cut's power allows, hot yields to the kernel (`_kernel`; the `Authority` brings it back), and only caps
-the rate on every thread where the kernel's lowest clock cannot hold the zone under critical (`_over_trip`).
+the rate on every thread where the kernel's lowest clock cannot hold the zone under critical (`_over_trip`). Where
+the clock is writable, hot yields the same way at the smallest tier worth a switch when the budget that keeps the trip
+loses to every thread at the lowest clock over it (`losing`: a board whose idle power holds it just under its trip).
 
 Pure: all state lives in the object.
 """
@@ -66,8 +68,8 @@ class HotControl:
         self._kernel_capped = False  # ... and the PI over the trip caps the rate
         self._losing: tuple[float, float, float] | None = None  # a writable clock: (since, last, mean budget share)
         self._lost: str | None = None  # ... the model hot yielded with (the next spell in hot yields without the wait)
-        self._passive = False  # the binding zone's trip is its own passive trip (not the policy's: a loss asked for),
-        # and the device is alone (no contention, no memory pressure): `losing` may judge
+        self._alone = False  # `losing` may judge: the binding zone's own passive trip (not the policy's: a loss asked
+        # for), and the device alone (no contention, no memory pressure: the ungoverned prediction holds)
 
     def reset(self) -> None:
         """The PI starts again, bumpless, the next time."""
@@ -95,7 +97,7 @@ class HotControl:
         # Where hot caps the clock, a zone under its trip is not held there by others: the kernel's step only waits
         # out its hysteresis, and takes no clock hot's floor has not (policies/authority.py).
         trip = view.trip_c if self.power.enabled else None
-        self._passive = "passive trip" in view.trip_source and not (contended or pressure)
+        self._alone = "passive trip" in view.trip_source and not (contended or pressure)
         # Others want every core: a thread or a rate cap the engine gives up goes to them, the cores stay busy and the
         # die's watts the same; with no clock to set, the kernel's throttling is all that keeps the trip, as for
         # `none` (fleet:2:191, a build on every core: hot cut the engine to 1 tok/s for 160 s until it stepped aside).
@@ -272,7 +274,7 @@ class HotControl:
         if tiers is not None and tiers.share and ungoverned > 0:
             ungoverned = governed / tiers.share  # (the share in the largest tier's units)
         bottom = tiers is None or tiers.bottom(model)
-        if not bottom or not self._passive or ungoverned <= 0:  # (0: no prediction of the device alone)
+        if not bottom or not self._alone or ungoverned <= 0:
             self._losing = None
             return
         share = governed / ungoverned
