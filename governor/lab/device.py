@@ -40,6 +40,9 @@ class CpuSpec(Spec):
     freq_steps: tuple[float, ...] = Field(min_length=1)  # frequency ratio per cooling state; state 0 is 1.0
     poll_s: float = Field(default=1.0, gt=0)  # the thermal zone's passive polling delay
     freq_writable: bool = True  # may the governor write scaling_max_freq (Android without root: no)
+    # The CPU's own thermal control under the kernel's view (x86: TCC clock modulation at TjMax, PROCHOT): at this die
+    # temperature the cores duty-cycle to hold it, whatever the kernel's step (None: none, the kernel's trips alone)
+    hw_limit_c: float | None = Field(default=None, gt=0, le=150)
 
     @model_validator(mode="after")
     def _descending(self) -> CpuSpec:

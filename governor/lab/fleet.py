@@ -332,6 +332,7 @@ def _laptop(d: _Draw, name: str) -> DeviceSpec:
             freq_steps=_steps(d, d.u(0.35, 0.5), d.int(8, 14)),
             poll_s=d.pick([0.5, 1.0, 2.0]),
             freq_writable=d.chance(0.9),
+            hw_limit_c=min(max(trip + 3.0, 100.0), trip + 8.0),  # TjMax: TCC holds it under the critical trip
         ),
         zone=(
             ZoneSpec(

@@ -83,6 +83,7 @@ class World:
         self._steps = 0
         self.power_w = device.power.idle_w
         self.user_cap = 1.0  # scaling_max_freq / cpuinfo_max_freq as the governor set it
+        self.hw_duty = 1.0  # the CPU's own thermal control's duty cycle (`cpu.hw_limit_c`; 1: not engaged)
         self.busy_cores = 0.0  # the engine's
         self.other_cores = 0.0  # what background loads got
         self.cpu_psi = 0.0
@@ -177,10 +178,10 @@ class World:
         engine = self.engine
         upstream = self._dispatch(t)
         engine.memory_left(self.total_bytes - self.other_apps_bytes, t)
-        freq = self.freq_ratio
+        freq, duty = self.freq_ratio, self.hw_duty
         background = self.driver.background_cores(t)
         running = engine.busy()
-        big, little = engine.step(t, h, freq, background if running else 0.0)
+        big, little = engine.step(t, h, freq * duty, background if running else 0.0)
         for end in engine.answering.finished:
             self.driver.answered(end)
         engine.answering.finished.clear()
@@ -188,8 +189,9 @@ class World:
         self.busy_cores = big + little
         self._cpu_load(background, running)
         dynamic = p.thread_w * (big + self.other_cores) + self.device.cpu.little_thread_w * little
-        self.power_w = p.idle_w + dynamic * freq**p.freq_exponent + (upstream.radio_w() if upstream else 0.0)
+        self.power_w = p.idle_w + dynamic * duty * freq**p.freq_exponent + (upstream.radio_w() if upstream else 0.0)
         self.thermal.step(self.power_w, h)
+        self._hw_control()
         if self.device.battery is not None:
             if self.plugged:
                 cap = self.device.battery.capacity_wh
@@ -211,7 +213,19 @@ class World:
                 engine.power_off(self.t)
         if self.kernel.state > 0:
             self.throttled_s += h
-        self._account(h, freq)
+        self._account(h, freq * duty)
+
+    def _hw_control(self) -> None:
+        """The CPU's own thermal control (x86 TCC, which acts within milliseconds): at its limit the duty cycle halves
+        each step, down to an eighth; a degree under it, it comes back a fiftieth a step (the kernel sees only the
+        clock it averages)."""
+        limit = self.device.cpu.hw_limit_c
+        if limit is None:
+            return
+        if self.thermal.die_c >= limit:
+            self.hw_duty = max(0.125, self.hw_duty / 2)
+        elif self.thermal.die_c < limit - 1.0:
+            self.hw_duty = min(1.0, self.hw_duty + 0.02)
 
     def _step_off(self, h: float) -> None:
         """Powered off: no power, nothing runs; every request asked fails (none goes to an upstream: the router is
@@ -297,7 +311,7 @@ class World:
                 lmkd=not self.device.engine.weights_reclaimable,  # the device's killer counts the mapped weights
             ),
             cpu=Cpu(
-                freq_ratio=self.freq_ratio,
+                freq_ratio=self.freq_ratio * self.hw_duty,  # what APERF/MPERF average: the modulation too
                 throttled=self.kernel.state > 0,
                 count=cpu.cores,
                 util_percent=100 * (self.busy_cores + self.other_cores) / cpu.cores,
