@@ -199,3 +199,31 @@ def test_a_zone_at_its_critical_trip_powers_the_device_off_for_the_rest_of_the_r
     run_full(spared, 900.0)
     assert spared.off_s is None
     assert spared.engine.stats.failed == 0
+
+
+def test_an_x86_cpus_own_thermal_control_holds_its_limit_under_the_kernels_view() -> None:
+    """TCC at TjMax duty-cycles the cores: the die stays at the limit, under a critical trip the kernel's lowest step
+    could not keep it from, the clock the sensors see falls, and the kernel does not count it as its throttling."""
+    zone = PI.zone[0]
+    passive, critical = (zone.trip[0].model_copy(update={"temp_c": 82.0, "max_state": None}),
+                         zone.trip[-1].model_copy(update={"temp_c": 84.0}))  # fmt: skip
+    shallow = PI.model_copy(  # one clock step: the kernel's throttling cannot hold 84 °C
+        update={"zone": (zone.model_copy(update={"trip": (passive, critical)}),),
+                "cpu": PI.cpu.model_copy(update={"freq_steps": (1.0, 0.95)})}
+    )  # fmt: skip
+    chat = PhaseSpec(kind="chat", duration_s=1800, think_s=(0.0, 0.0), answer_tokens=(400.0, 400.0))
+    workload = WorkloadSpec(name="c", phase=(chat,))
+    tcc = shallow.model_copy(update={"cpu": shallow.cpu.model_copy(update={"hw_limit_c": 80.0})})
+    held = World(tcc, workload, record_s=0.5)
+    run_full(held, 900.0)
+    assert held.off_s is None
+    assert max(held.series.die_c) < 82.0
+    assert min(held.series.freq_ratio) < 1.0
+    snap = held.snapshot()
+    assert snap.cpu.throttled is False
+    assert snap.cpu.freq_ratio is not None
+    assert snap.cpu.freq_ratio < 1.0
+    assert held.engine.stats.tokens > 0
+    alone = World(shallow, workload, record_s=0.5)  # no such control: off at 84 °C
+    run_full(alone, 900.0)
+    assert alone.off_s is not None
