@@ -182,9 +182,7 @@ class World:
         background = self.driver.background_cores(t)
         running = engine.busy()
         big, little = engine.step(t, h, freq * duty, background if running else 0.0)
-        for end in engine.answering.finished:
-            self.driver.answered(end)
-        engine.answering.finished.clear()
+        self._answered()
         p = self.device.power
         self.busy_cores = big + little
         self._cpu_load(background, running)
@@ -233,14 +231,19 @@ class World:
         engine = self.engine
         for request in self.driver.arrivals(self.t):
             engine.submit(request)
-        for end in engine.answering.finished:
-            self.driver.answered(end)
-        engine.answering.finished.clear()
+        self._answered()
         self.busy_cores = self.other_cores = self.power_w = self.cpu_psi = 0.0
         self.thermal.step(0.0, h)
         self._steps += 1
         self.t += h
         self._account(h, 0.0)
+
+    def _answered(self) -> None:
+        """Answers that ended (or failed) since the last step: the chat's user reads, thinks and asks again."""
+        finished = self.engine.answering.finished
+        for end in finished:
+            self.driver.answered(end)
+        finished.clear()
 
     def _account(self, h: float, freq: float) -> None:
         """The step's share of the run's figures, and the series at its resolution."""
