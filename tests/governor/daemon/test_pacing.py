@@ -99,7 +99,7 @@ def test_the_engine_is_held_while_an_early_event_waits_and_let_go_after(engine: 
 
     assert pace.holds >= 2  # held during each wait
     assert "T" not in states  # let go as each event left
-    assert process_state(engine.pid) in "RS"  # and never left stopped
+    assert process_state(engine.pid) not in "Tt"  # and never left stopped (R, S or D: a page fault on a busy box)
 
 
 def test_a_cancelled_answer_lets_the_engine_go(engine: subprocess.Popen[bytes]) -> None:
@@ -119,7 +119,7 @@ def test_a_cancelled_answer_lets_the_engine_go(engine: subprocess.Popen[bytes]) 
 
     asyncio.run(main())
 
-    assert process_state(engine.pid) in "RS"
+    assert process_state(engine.pid) not in "Tt"  # running or asleep (D too: a page fault on a busy box), not stopped
 
 
 def test_a_gone_engine_is_only_paced() -> None:
